@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""A REAL process tree shaped like a torchrun training job, for tests of specdec.pivot.training_process.
+
+Nothing here is simulated at the OS level: the launcher is a real parent process, the workers are real child
+processes with real signal dispositions, the log and checkpoints are real files. Only the "training" itself
+is a loop that counts steps.
+
+Command line (the launcher starts the workers with the same file)::
+
+    fake_training_run.py torchrun --token T --nproc-per-node 3 [options]   # a launcher the module recognises
+    fake_training_run.py supervisor --token T ...                          # same, but NOT a known launcher
+    fake_training_run.py worker --token T --rank 0 ...                     # started by the launcher
+
+Options:
+    --ignore-term RANKS      comma-separated ranks whose workers ignore SIGTERM (they need SIGKILL)
+    --checkpoint-rank R      that worker, on SIGTERM, writes CHECKPOINT_DIR/checkpoint-<step>/ and exits 0
+    --checkpoint-dir DIR     where it writes
+    --checkpoint-delay S     seconds the checkpoint "save" takes (default 0.1)
+    --log PATH               rank 0 appends ``step N | lr ... | 19.5K tok/s | loss L`` lines
+    --log-interval S         seconds per step (default 0.05)
+    --launcher-term MODE     launcher's SIGTERM behaviour: forward (default; like torchrun: forward to the
+                             workers and wait for them), exit (exit at once, orphaning the workers),
+                             ignore (ignore SIGTERM; needs SIGKILL)
+    --ready-file PATH        the launcher writes {"launcher": pid, "workers": [{rank, pid}]} there once every
+                             worker has installed its signal handling (tests wait for it instead of sleeping)
+
+Python API for tests: :func:`start` returns a :class:`FakeRun` with the pids and a ``cleanup()`` that kills
+what is left through the handles it holds (the launcher's Popen and psutil handles of the workers, which
+refuse to signal a pid that was reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+THROUGHPUT_TEXT = "19.5K tok/s"
+THROUGHPUT_VALUE = 19500.0
+
+
+def loss_at(step: int) -> float:
+    return round(2.0 / (1.0 + step / 100.0), 4)
+
+
+def log_line(step: int) -> str:
+    return f"step {step} | lr 1.0e-04 | {THROUGHPUT_TEXT} | loss {loss_at(step):.4f}"
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=["torchrun", "supervisor", "worker"])
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--ignore-term", default="")
+    parser.add_argument("--checkpoint-rank", type=int, default=-1)
+    parser.add_argument("--checkpoint-dir", default="")
+    parser.add_argument("--checkpoint-delay", type=float, default=0.1)
+    parser.add_argument("--log", default="")
+    parser.add_argument("--log-interval", type=float, default=0.05)
+    parser.add_argument("--launcher-term", choices=["forward", "exit", "ignore"], default="forward")
+    parser.add_argument("--ready-file", default="")
+    return parser
+
+
+def _ranks(text: str) -> set:
+    return {int(part) for part in text.split(",") if part.strip()}
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    state = {"step": 0}
+
+    if args.rank in _ranks(args.ignore_term):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif args.rank == args.checkpoint_rank:
+
+        def save_and_exit(signum, frame):
+            target = Path(args.checkpoint_dir) / f"checkpoint-{state['step']}"
+            target.mkdir(parents=True, exist_ok=True)
+            time.sleep(args.checkpoint_delay)  # the "save" takes a moment, like a real one
+            (target / "state.json").write_text(json.dumps({"step": state["step"], "rank": args.rank}))
+            if args.log:
+                with open(args.log, "a", encoding="utf-8") as handle:
+                    handle.write(f"rank {args.rank}: saved {target.name} on SIGTERM\n")
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, save_and_exit)
+    # else: default SIGTERM action (terminate), like a plain training script
+
+    log = open(args.log, "a", encoding="utf-8", buffering=1) if args.log and args.rank == 0 else None  # noqa: SIM115
+    if log is not None:
+        log.write(log_line(state["step"]) + "\n")
+    sys.stdout.write(f"ready {os.getpid()}\n")
+    sys.stdout.flush()
+    while True:
+        time.sleep(args.log_interval)
+        state["step"] += 1
+        if log is not None:
+            log.write(log_line(state["step"]) + "\n")
+
+
+def run_launcher(args: argparse.Namespace) -> int:
+    worker_args = [
+        sys.executable, os.path.abspath(__file__), "worker", "--token", args.token,
+        "--ignore-term", args.ignore_term, "--checkpoint-rank", str(args.checkpoint_rank),
+        "--checkpoint-delay", str(args.checkpoint_delay), "--log-interval", str(args.log_interval),
+    ]
+    if args.checkpoint_dir:
+        worker_args += ["--checkpoint-dir", args.checkpoint_dir]
+    if args.log:
+        worker_args += ["--log", args.log]
+    workers = []
+    forwarded = {"done": False}
+
+    def forward(signum, frame):
+        if forwarded["done"]:
+            return
+        forwarded["done"] = True
+        for proc in workers:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    if args.launcher_term == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif args.launcher_term == "forward":
+        signal.signal(signal.SIGTERM, forward)
+    # "exit": default action, the launcher dies and orphans its workers
+
+    for rank in range(args.nproc_per_node):
+        workers.append(subprocess.Popen([*worker_args, "--rank", str(rank)], stdout=subprocess.PIPE, text=True))
+    ready = []
+    for rank, proc in enumerate(workers):
+        line = proc.stdout.readline()
+        if not line.startswith("ready"):
+            for other in workers:
+                other.kill()
+            sys.stderr.write(f"worker {rank} did not start: {line!r}\n")
+            return 3
+        ready.append({"rank": rank, "pid": proc.pid})
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"launcher": os.getpid(), "workers": ready}, handle)
+        os.replace(tmp, args.ready_file)
+    codes = [proc.wait() for proc in workers]  # like torchrun: stay until every worker is gone
+    return 143 if forwarded["done"] else max(codes, default=0)
+
+
+def main(argv: list | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.role == "worker":
+        return run_worker(args)
+    return run_launcher(args)
+
+
+# ------------------------------------------------------------------------------------------------- test API
+
+
+@dataclass
+class FakeRun:
+    """Handles of one started tree. ``cleanup()`` is safe to call more than once."""
+
+    popen: subprocess.Popen
+    token: str
+    launcher_pid: int
+    worker_pids: list
+    log_path: str
+    checkpoint_dir: str
+    stderr_path: str
+    handles: list = field(default_factory=list)  # psutil.Process of launcher + workers, taken at start
+
+    @property
+    def pids(self) -> list:
+        return [self.launcher_pid, *self.worker_pids]
+
+    def running(self) -> list:
+        """Pids of this run that still run (a zombie or a reused pid counts as gone)."""
+        import psutil
+
+        alive = []
+        for handle in self.handles:
+            try:
+                if handle.is_running() and handle.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(handle.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+    def cleanup(self) -> None:
+        import psutil
+
+        for handle in self.handles[1:]:
+            try:
+                handle.kill()  # psutil refuses (NoSuchProcess) when the pid now belongs to someone else
+            except psutil.NoSuchProcess:
+                pass
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+        for handle in self.handles[1:]:
+            try:
+                handle.wait(timeout=5)
+            except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+                pass
+
+
+def start(
+    workdir: str | os.PathLike,
+    token: str,
+    nproc: int = 2,
+    launcher: str = "torchrun",
+    ignore_term: tuple = (),
+    checkpoint_rank: int | None = None,
+    launcher_term: str = "forward",
+    log_interval: float = 0.05,
+    checkpoint_delay: float = 0.1,
+    ready_timeout: float = 30.0,
+) -> FakeRun:
+    """Start a tree and return once every worker has set up its signal handling."""
+    import psutil
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready_file = workdir / f"{token}.ready.json"
+    log_path = workdir / f"{token}.log"
+    checkpoint_dir = workdir / f"{token}-checkpoints"
+    stderr_path = workdir / f"{token}.stderr"
+    cmd = [
+        sys.executable, os.path.abspath(__file__), launcher, "--token", token, "--nproc-per-node", str(nproc),
+        "--ignore-term", ",".join(str(r) for r in ignore_term), "--launcher-term", launcher_term,
+        "--log", str(log_path), "--log-interval", str(log_interval), "--ready-file", str(ready_file),
+        "--checkpoint-dir", str(checkpoint_dir), "--checkpoint-delay", str(checkpoint_delay),
+    ]
+    if checkpoint_rank is not None:
+        cmd += ["--checkpoint-rank", str(checkpoint_rank)]
+    with open(stderr_path, "wb") as stderr:
+        popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + ready_timeout
+    delay = 0.005
+    while not ready_file.exists():
+        if popen.poll() is not None or time.monotonic() > deadline:
+            if popen.poll() is None:
+                popen.kill()
+            popen.wait()
+            raise RuntimeError(f"fake training run {token} did not start: {stderr_path.read_text()!r}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    ready = json.loads(ready_file.read_text())
+    worker_pids = [w["pid"] for w in ready["workers"]]
+    handles = [psutil.Process(popen.pid)] + [psutil.Process(pid) for pid in worker_pids]
+    return FakeRun(
+        popen=popen, token=token, launcher_pid=popen.pid, worker_pids=worker_pids, log_path=str(log_path),
+        checkpoint_dir=str(checkpoint_dir), stderr_path=str(stderr_path), handles=handles,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
