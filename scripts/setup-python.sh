@@ -36,6 +36,15 @@ for v in $SGLANG_OTHER_VERSIONS; do
   pipq "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" pytest==9.0.3
   pipq "$venv/bin/python" -m pip install -q --no-deps ./sglang-ddtree
 done
+# ansible-test sanity creates a venv per test and bootstraps pip there with a script from a host this machine
+# cannot reach; give it the same bootstrap built from PyPI's pip wheel (scripts/ansible_test_get_pip.py).
+cache=~/.ansible/test/cache
+mkdir -p "$cache"
+pv=$(grep -oP "^\s*pip='\K[0-9.]+" .venv/lib/python3.*/site-packages/ansible_test/_internal/python_requirements.py)
+for pv in $pv; do
+  [ -e "$cache/pip-$pv-py3-none-any.whl" ] || pipq .venv/bin/python -m pip download -q --no-deps -d "$cache" "pip==$pv"
+  cp scripts/ansible_test_get_pip.py "$cache/get_pip_${pv//./_}.py"
+done
 rm -f .venv/.setup-*
 touch "$stamp"
 echo "setup-python: done"
