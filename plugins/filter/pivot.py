@@ -1,0 +1,269 @@
+# Copyright: specdec.pivot maintainers
+# Apache License 2.0 (see galaxy.yml)
+"""Filters the pivot roles use to turn recorded facts into a plan (pure: data in, data out).
+
+- ``systemd_unit_parse``: a unit file's text -> ordered sections and entries (so a role can re-render the SAME
+  unit with only ExecStart changed, every other line kept).
+- ``systemd_exec_lines``: an argv list -> ExecStart lines, the command on the first line and one flag (with its
+  values) per following line, each word quoted for systemd.
+- ``dflash_drafter_check``: a drafter's and a target's config.json -> whether the drafter is a DFlash drafter
+  that fits the target, with one readable error per problem.
+- ``ddtree_argv``: the parsed old ExecStart -> the new argv with every speculative flag replaced by the DDTREE
+  ones (delegates to ``module_utils._sglang.replace_speculative_flags`` so modules and roles agree).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from ansible_collections.specdec.pivot.plugins.module_utils import _sglang
+except ImportError:  # pragma: no cover - only when the collection is not on the path
+    _sglang = None  # type: ignore[assignment]
+
+# --------------------------------------------------------------------------------------------------------------
+# systemd unit files
+
+
+def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
+    """Parse a systemd unit file into ``[{name, entries: [{key, value} | {comment}]}]``.
+
+    Continuation lines (a trailing backslash) are joined with a single space, as systemd does. Comment lines
+    inside a section are kept (so re-rendering is faithful); comments and blank lines before the first section
+    are dropped (that is where the ``ansible_managed`` header lives, so re-rendering is idempotent).
+    """
+    if not isinstance(text, str):
+        raise AnsibleFilterError(f"systemd_unit_parse expects the unit file's text (a string), got {type(text).__name__}")
+    sections: list[dict[str, Any]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if not line:
+            continue
+        if line[0] in "#;":
+            if sections:
+                sections[-1]["entries"].append({"comment": line})
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            sections.append({"name": line[1:-1].strip(), "entries": []})
+            continue
+        # key=value, possibly continued over several lines
+        parts = [line]
+        while parts[-1].endswith("\\") and i < len(lines):
+            parts[-1] = parts[-1][:-1].rstrip()
+            nxt = lines[i].strip()
+            i += 1
+            if nxt[:1] in ("#", ";"):  # systemd ignores comment lines inside a continuation
+                parts.append("\\")
+                continue
+            parts.append(nxt)
+        if parts[-1].endswith("\\"):
+            parts[-1] = parts[-1][:-1].rstrip()
+        joined = " ".join(p for p in parts if p and p != "\\")
+        if "=" not in joined:
+            raise AnsibleFilterError(f"systemd_unit_parse: line {joined!r} is neither a section, a comment nor key=value")
+        if not sections:
+            raise AnsibleFilterError(f"systemd_unit_parse: {joined!r} appears before any [Section] header")
+        key, _, value = joined.partition("=")
+        sections[-1]["entries"].append({"key": key.strip(), "value": value.strip()})
+    return sections
+
+
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}\-]+$")
+
+
+def systemd_quote(word: str) -> str:
+    """Quote one argv word for an ExecStart line (systemd.service "Command lines").
+
+    ``%`` is doubled (specifier escape). ``$VAR``/``${VAR}`` references are kept as written so environment
+    expansion by systemd still happens. Words with whitespace, quotes, backslashes or ``;`` are double-quoted with
+    backslash escapes; an empty word becomes ``""``.
+    """
+    word = str(word).replace("%", "%%")
+    if word and _SAFE_WORD.match(word) and word != ";":
+        return word
+    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def systemd_exec_lines(argv: Sequence[str]) -> list[str]:
+    """Group an argv into ExecStart lines: command (and ``-m module``) first, then one ``--flag values...`` per line.
+
+    The caller joins them with ``" \\\\\\n    "``. Only words that start with ``--`` open a new line, so values such as
+    ``-1`` stay with their flag and ``python -m pkg`` stays on the first line.
+    """
+    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
+        raise AnsibleFilterError(f"systemd_exec_lines expects a non-empty list of argv words, got {argv!r}")
+    groups: list[list[str]] = [[str(argv[0])]]
+    for word in argv[1:]:
+        word = str(word)
+        if word.startswith("--") and len(word) > 2:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return [" ".join(systemd_quote(w) for w in g) for g in groups]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# DFlash drafter compatibility
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Multimodal configs (Qwen3.5/3.6) keep the language model's sizes under ``text_config``."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, Mapping) and "num_hidden_layers" not in cfg:
+        merged = dict(cfg)
+        merged.update(inner)
+        return merged
+    return cfg
+
+
+def _first(cfg: Mapping[str, Any], *paths: str) -> Any:
+    for path in paths:
+        node: Any = cfg
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if node is not None:
+            return node
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def dflash_drafter_check(
+    drafter_cfg: Mapping[str, Any],
+    target_cfg: Mapping[str, Any],
+    architectures: Sequence[str] = ("DFlashDraftModel",),
+) -> dict[str, Any]:
+    """Check a DFlash drafter config.json against its target's config.json.
+
+    Returns ``{ok, errors, drafter, target}``; ``drafter`` holds architectures, block_size, target_layer_ids,
+    mask_token_id, hidden/vocab sizes; ``target`` the target's layer count and sizes.
+    """
+    if not isinstance(drafter_cfg, Mapping) or not isinstance(target_cfg, Mapping):
+        raise AnsibleFilterError("dflash_drafter_check expects two dicts: the drafter's and the target's config.json")
+    target = _text_config(target_cfg)
+    errors: list[str] = []
+
+    d_arch = list(drafter_cfg.get("architectures") or [])
+    if not set(d_arch) & set(architectures):
+        errors.append(
+            f"drafter architectures {d_arch} contain none of {list(architectures)}: this is not a DFlash drafter "
+            "(point the drafter path at a z-lab DFlash checkpoint directory)"
+        )
+    block_size = _first(drafter_cfg, "block_size", "dflash_config.block_size")
+    if not _is_int(block_size) or block_size < 2:
+        errors.append(f"drafter block_size is {block_size!r}; a DFlash drafter needs an integer block_size >= 2")
+    layer_ids = _first(drafter_cfg, "dflash_config.target_layer_ids", "target_layer_ids")
+    t_layers = target.get("num_hidden_layers")
+    if not _is_int(t_layers) or t_layers < 1:
+        errors.append(f"target config has no usable num_hidden_layers ({t_layers!r})")
+    if not isinstance(layer_ids, list) or not layer_ids or not all(_is_int(x) for x in layer_ids):
+        errors.append(f"drafter target_layer_ids is {layer_ids!r}; expected a non-empty list of layer indices")
+    elif _is_int(t_layers):
+        bad = [x for x in layer_ids if not 0 <= x < t_layers]
+        if bad:
+            errors.append(
+                f"drafter target_layer_ids {bad} are outside the target's {t_layers} layers (0..{t_layers - 1}): "
+                "the drafter was trained for a different target"
+            )
+    n_target = drafter_cfg.get("num_target_layers")
+    if _is_int(n_target) and _is_int(t_layers) and n_target != t_layers:
+        errors.append(f"drafter num_target_layers {n_target} != target num_hidden_layers {t_layers}")
+    for key in ("vocab_size", "hidden_size"):
+        d_val, t_val = drafter_cfg.get(key), target.get(key)
+        if d_val is None or t_val is None:
+            errors.append(f"{key} missing (drafter {d_val!r}, target {t_val!r}); cannot prove the drafter fits")
+        elif d_val != t_val:
+            errors.append(f"drafter {key} {d_val} != target {key} {t_val}: the drafter shares the target's "
+                          "embeddings and lm_head, so they must match")
+    mask_id = _first(drafter_cfg, "dflash_config.mask_token_id", "mask_token_id")
+    vocab = target.get("vocab_size")
+    if _is_int(mask_id) and _is_int(vocab) and not 0 <= mask_id < vocab:
+        errors.append(f"drafter mask_token_id {mask_id} is outside the vocabulary (size {vocab})")
+    return {
+        "ok": not errors,
+        "errors": errors,
+        "drafter": {
+            "architectures": d_arch,
+            "block_size": block_size,
+            "target_layer_ids": layer_ids,
+            "mask_token_id": mask_id,
+            "num_hidden_layers": drafter_cfg.get("num_hidden_layers"),
+            "hidden_size": drafter_cfg.get("hidden_size"),
+            "vocab_size": drafter_cfg.get("vocab_size"),
+        },
+        "target": {
+            "architectures": list(target_cfg.get("architectures") or []),
+            "num_hidden_layers": t_layers,
+            "hidden_size": target.get("hidden_size"),
+            "vocab_size": vocab,
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The new ExecStart
+
+
+def ddtree_argv(argv: Sequence[str], drafter_path: str, budget: int, extra_args: Sequence[str] = ()) -> list[str]:
+    """The old ExecStart argv with every speculative flag replaced by the DDTREE ones, ``extra_args`` appended."""
+    if _sglang is None:  # pragma: no cover
+        raise AnsibleFilterError("ddtree_argv needs specdec.pivot's module_utils (_sglang) on the collection path")
+    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
+        raise AnsibleFilterError(f"ddtree_argv expects the old ExecStart as a non-empty argv list, got {argv!r}")
+    if not _is_int(budget) or budget < 1:
+        raise AnsibleFilterError(f"ddtree_argv: budget must be a positive integer, got {budget!r}")
+    new = _sglang.replace_speculative_flags(list(argv), ddtree_flags(drafter_path, budget))
+    return [*list(new), *[str(x) for x in extra_args]]
+
+
+def ddtree_flags(drafter_path: str, budget: int) -> list[str]:
+    """The speculative flags for DDTree: algorithm, drafter and ``num_draft_tokens = budget + 1`` (root + nodes)."""
+    return [
+        "--speculative-algorithm", "DDTREE",
+        "--speculative-draft-model-path", str(drafter_path),
+        "--speculative-num-draft-tokens", str(int(budget) + 1),
+    ]
+
+
+def sglang_flag(argv: Sequence[str], names: str | Sequence[str], default: Any = None) -> Any:
+    """Value of the last occurrence of a flag in an argv (``--flag value`` or ``--flag=value``), else ``default``.
+
+    ``names`` may list aliases (``["--tp-size", "--tensor-parallel-size", "--tp"]``). A flag given without a value
+    (followed by another flag or at the end) yields ``True``.
+    """
+    if isinstance(names, str):
+        names = [names]
+    value = default
+    words = [str(w) for w in argv]
+    for i, word in enumerate(words):
+        for name in names:
+            if word == name:
+                nxt = words[i + 1] if i + 1 < len(words) else None
+                value = True if nxt is None or nxt.startswith("--") else nxt
+            elif word.startswith(name + "="):
+                value = word[len(name) + 1 :]
+    return value
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "systemd_unit_parse": systemd_unit_parse,
+            "systemd_exec_lines": systemd_exec_lines,
+            "dflash_drafter_check": dflash_drafter_check,
+            "ddtree_argv": ddtree_argv,
+            "sglang_flag": sglang_flag,
+        }
