@@ -191,7 +191,7 @@ def classify_failure(rc: int, stdout: str, stderr: str, argv0: str = "nvidia-smi
     first = text.splitlines()[0] if text else f"exit status {rc}"
     if "no devices were found" in low:
         return GpuQueryError(
-            f"{argv0} found no NVIDIA devices (\"No devices were found\"): the driver is loaded but sees no GPU. "
+            f'{argv0} found no NVIDIA devices ("No devices were found"): the driver is loaded but sees no GPU. '
             "Check that the GPU is visible to this host or container (lspci, /dev/nvidia*, the container's "
             "device requests).",
             kind="no_devices",
