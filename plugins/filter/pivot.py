@@ -37,7 +37,9 @@ def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
     are dropped (that is where the ``ansible_managed`` header lives, so re-rendering is idempotent).
     """
     if not isinstance(text, str):
-        raise AnsibleFilterError(f"systemd_unit_parse expects the unit file's text (a string), got {type(text).__name__}")
+        raise AnsibleFilterError(
+            f"systemd_unit_parse expects the unit file's text (a string), got {type(text).__name__}"
+        )
     sections: list[dict[str, Any]] = []
     lines = text.splitlines()
     i = 0
@@ -67,7 +69,9 @@ def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
             parts[-1] = parts[-1][:-1].rstrip()
         joined = " ".join(p for p in parts if p and p != "\\")
         if "=" not in joined:
-            raise AnsibleFilterError(f"systemd_unit_parse: line {joined!r} is neither a section, a comment nor key=value")
+            raise AnsibleFilterError(
+                f"systemd_unit_parse: line {joined!r} is neither a section, a comment nor key=value"
+            )
         if not sections:
             raise AnsibleFilterError(f"systemd_unit_parse: {joined!r} appears before any [Section] header")
         key, _, value = joined.partition("=")
@@ -186,8 +190,10 @@ def dflash_drafter_check(
         if d_val is None or t_val is None:
             errors.append(f"{key} missing (drafter {d_val!r}, target {t_val!r}); cannot prove the drafter fits")
         elif d_val != t_val:
-            errors.append(f"drafter {key} {d_val} != target {key} {t_val}: the drafter shares the target's "
-                          "embeddings and lm_head, so they must match")
+            errors.append(
+                f"drafter {key} {d_val} != target {key} {t_val}: the drafter shares the target's "
+                "embeddings and lm_head, so they must match"
+            )
     mask_id = _first(drafter_cfg, "dflash_config.mask_token_id", "mask_token_id")
     vocab = target.get("vocab_size")
     if _is_int(mask_id) and _is_int(vocab) and not 0 <= mask_id < vocab:
@@ -232,9 +238,12 @@ def ddtree_argv(argv: Sequence[str], drafter_path: str, budget: int, extra_args:
 def ddtree_flags(drafter_path: str, budget: int) -> list[str]:
     """The speculative flags for DDTree: algorithm, drafter and ``num_draft_tokens = budget + 1`` (root + nodes)."""
     return [
-        "--speculative-algorithm", "DDTREE",
-        "--speculative-draft-model-path", str(drafter_path),
-        "--speculative-num-draft-tokens", str(int(budget) + 1),
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        str(drafter_path),
+        "--speculative-num-draft-tokens",
+        str(int(budget) + 1),
     ]
 
 
