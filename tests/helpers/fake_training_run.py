@@ -97,7 +97,7 @@ def run_worker(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, save_and_exit)
     # else: default SIGTERM action (terminate), like a plain training script
 
-    log = open(args.log, "a", encoding="utf-8", buffering=1) if args.log and args.rank == 0 else None  # noqa: SIM115
+    log = open(args.log, "a", encoding="utf-8", buffering=1) if args.log and args.rank == 0 else None
     if log is not None:
         log.write(log_line(state["step"]) + "\n")
     sys.stdout.write(f"ready {os.getpid()}\n")

@@ -1,0 +1,853 @@
+#!/usr/bin/python
+# Copyright: specdec.pivot contributors
+# Apache License 2.0 (see galaxy.yml)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: training_process
+short_description: Find, report and halt a training run's whole process tree
+version_added: "0.1.0"
+description:
+  - Finds a training run on the target host by a regular expression on the full command line or by a pid,
+    and expands it to the whole run - the matched processes, every descendant (all workers), and the launcher
+    parent (C(torchrun), C(python -m torch.distributed.run), deepspeed, accelerate) when it is part of the run.
+  - With O(state=present) it only reports the tree. With O(state=absent) it halts the run - sends O(signal) to
+    every process of the tree top-down (launchers first so a launcher stops supervising and cannot restart
+    workers, then the roots, then their descendants breadth-first), waits up to O(timeout) seconds, sends
+    C(SIGKILL) to whatever is still alive after O(kill_after) seconds (when O(escalate=true)), and proves that
+    every process is gone. Children that appear under the tree while it halts (a worker restart racing the halt)
+    join the tree and are signalled too.
+  - Never selects the module's own process, its ancestors (the Ansible connection, sudo, sshd) or its children,
+    PID 1, kernel threads, Ansible processes, zombies, or system programs such as sshd, systemd, sudo, su,
+    tmux and screen. A pattern that matches them lists them under RV(excluded) with the reason.
+  - Each process is signalled by its exact identity (pid and start time from C(/proc/<pid>/stat)); where the
+    kernel supports pidfds the identity is checked on an open pidfd and the signal goes through it, so a pid
+    that was reused by another process is never signalled.
+  - Optionally reads the tail of the training log (last step, throughput in tokens/s, loss), the newest
+    checkpoint, and waits until no halted pid is listed as a compute process on any NVIDIA GPU. The log and
+    the checkpoint are read after the halt, so a checkpoint written on SIGTERM is reported.
+author:
+  - specdec.pivot maintainers (@specdec)
+requirements:
+  - psutil (on the target host)
+  - Linux for exact process identity and kernel-thread detection (C(/proc)); other POSIX systems fall back to
+    psutil's create_time
+options:
+  pattern:
+    description:
+      - Python regular expression searched (C(re.search)) in each process's full command line, the argv
+        joined with single spaces, for example C(train_dflash_pipeline\.py).
+      - Processes without a command line (kernel threads, zombies) never match.
+      - Anchor it enough that it cannot match an editor or a C(tail) of the script, for example
+        C(python[0-9.]* .*train_dflash_pipeline\.py).
+      - Mutually exclusive with O(pid); one of them is required.
+    type: str
+  pid:
+    description:
+      - Pid of one process of the run (the launcher or any worker). The whole tree is derived from it as for
+        O(pattern).
+      - When the pid does not exist the run counts as already stopped.
+      - Refused with an error when the pid is protected (PID 1, the module's own ancestors, sshd, ...).
+    type: int
+  pid_create_time:
+    description:
+      - Expected C(create_time) of O(pid) (seconds since the epoch, as returned in RV(processes)). When the
+        process with that pid started at another time (more than 1 second apart), the pid was reused by an
+        unrelated process and the run counts as already stopped; nothing is signalled.
+      - Use it to halt exactly the run an earlier O(state=present) task reported.
+    type: float
+  user:
+    description:
+      - Only processes owned by this user (name or numeric uid). Members of the tree owned by someone else
+        are left alone and listed in RV(excluded).
+    type: str
+  state:
+    description:
+      - V(present) reports the run without touching it (a query; never changes anything).
+      - V(absent) halts the run and proves every process of it is gone.
+    type: str
+    choices: [absent, present]
+    default: present
+  signal:
+    description:
+      - First signal sent to every process of the tree when O(state=absent).
+    type: str
+    choices: [SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2]
+    default: SIGTERM
+  timeout:
+    description:
+      - Seconds to wait in total for the whole tree to exit, the C(SIGKILL) phase included.
+      - When processes are still alive after it, the module fails and lists them in RV(survivors).
+    type: float
+    default: 120.0
+  kill_after:
+    description:
+      - Seconds after the first signal before survivors get C(SIGKILL) (when O(escalate=true)).
+      - Must be less than O(timeout) when O(escalate=true). Give a run that saves a checkpoint on SIGTERM
+        enough time to finish the save.
+    type: float
+    default: 90.0
+    aliases: [grace]
+  escalate:
+    description:
+      - Send C(SIGKILL) to survivors after O(kill_after) seconds. With V(false) survivors make the module fail.
+    type: bool
+    default: true
+  max_processes:
+    description:
+      - Refuse to halt (fail without signalling anything) when the tree has more processes than this; a
+        pattern that wide probably matches more than the training run.
+      - With O(state=present) a wider tree is reported with a warning.
+    type: int
+    default: 64
+  include_launcher:
+    description:
+      - Add the parent of a matched process to the tree while its command line matches O(launcher_regex),
+        walking upwards through launchers and matched processes.
+    type: bool
+    default: true
+  launcher_regex:
+    description:
+      - Regular expression that recognises a launcher's command line (see O(include_launcher)).
+      - The default recognises C(torchrun), C(deepspeed), C(accelerate) as a program or script name and
+        C(python -m torch.distributed.run), C(torch.distributed.launch), C(deepspeed.launcher.launch),
+        C(accelerate.commands.launch).
+    type: str
+    default: "(?:^|[\\s/])(?:torchrun|deepspeed|accelerate)(?:\\s|$)|-m\\s+(?:torch\\.distributed\\.(?:run|launch)\
+      |deepspeed\\.launcher\\.launch|accelerate\\.commands\\.launch)(?:\\s|$)"
+  log_path:
+    description:
+      - Training log to read after the halt (or now, with O(state=present)). Its last O(log_lines) lines are
+        returned and parsed for the last step, throughput and loss.
+      - A missing or unreadable log is a warning, not a failure.
+    type: path
+  log_lines:
+    description:
+      - How many lines of the log tail to return and parse (1 to 10000).
+    type: int
+    default: 20
+  step_regex:
+    description:
+      - Regular expression for the step number; its first group that matched is the step. The newest line
+        that matches gives RV(log.last_step) and RV(log.line).
+    type: str
+    default: '(?i)(?<![a-z])step(?![a-z])[\s:=#_]*(\d+)'
+  throughput_regex:
+    description:
+      - Regular expression for the throughput. The first group that holds a number is the value; the group
+        right after it, when present, is a unit suffix C(K), C(M) or C(G) (case-insensitive, x1e3, x1e6, x1e9).
+      - The default reads C(19.5K tok/s), C(19500 tokens/s), C(1,234 tok/sec) and C(tok/s= 19.5K).
+    type: str
+    default: "(?i)(\\d{1,3}(?:,\\d{3})+(?:\\.\\d+)?|\\d+(?:\\.\\d+)?)\\s*([kmg]?)\\s*tok(?:en)?s?\\s*/\\s*s(?:ec(?\
+      :ond)?)?(?![a-z])|tok(?:en)?s?\\s*/\\s*s(?:ec(?:ond)?)?(?![a-z])\\s*[:=]?\\s*(\\d{1,3}(?:,\\d{3})+(?\
+      :\\.\\d+)?|\\d+(?:\\.\\d+)?)\\s*([kmg]?)"
+  loss_regex:
+    description:
+      - Regular expression for the loss; its first group that matched is the value. The first loss of the
+        newest line that has one wins. C(nan) and C(inf) are returned as RV(log.loss_text) with RV(log.loss)
+        null.
+    type: str
+    default: '(?i)(?<![a-z])loss(?![a-z])[\s:=]*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|[-+]?inf)'
+  checkpoint_dir:
+    description:
+      - Directory holding the run's checkpoints; the newest entry matching O(checkpoint_glob) (by
+        modification time) is returned as RV(checkpoint).
+      - A missing or unreadable directory is a warning, not a failure.
+    type: path
+  checkpoint_glob:
+    description:
+      - Shell glob, relative to O(checkpoint_dir), of the entries (files or directories) that are checkpoints.
+        The default (names with a digit) skips helper files such as C(latest) or C(config.json).
+    type: str
+    default: '*[0-9]*'
+  wait_gpu_release:
+    description:
+      - After the halt, wait until none of the halted pids is listed as a compute process on any NVIDIA GPU
+        (read through NVML or C(nvidia-smi), the same code as P(specdec.pivot.gpu_memory#module)).
+      - A host without an NVIDIA GPU or driver reports the check as skipped with the reason. A hanging
+        C(nvidia-smi), a driver/library mismatch, or pids still listed after O(gpu_release_timeout) fail.
+      - Inside a container with its own pid namespace the GPU lists host pids, which never equal the
+        container's pids; run the module on the host for a meaningful check.
+    type: bool
+    default: false
+  gpu_release_timeout:
+    description:
+      - Seconds to wait for the GPUs to release the halted pids (O(wait_gpu_release)).
+    type: float
+    default: 60.0
+  nvidia_smi:
+    description:
+      - Path or name (looked up in E(PATH)) of the C(nvidia-smi) executable used when NVML is not available.
+    type: str
+    default: nvidia-smi
+  gpu_backend:
+    description:
+      - How the GPU-release check reads the GPUs. V(auto) uses NVML (nvidia-ml-py) when it is importable and
+        initialises, else C(nvidia-smi); V(nvml) and V(nvidia-smi) force one.
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  gpu_query_timeout:
+    description:
+      - Seconds one GPU query (one C(nvidia-smi) run) may take before it is killed and the check fails;
+        C(nvidia-smi) hangs when the driver is wedged.
+    type: float
+    default: 15.0
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Reports the tree it would signal (RV(pids), RV(processes)) with C(changed=true) when something matched,
+        and signals nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details:
+      - The diff is the list of running pids of the run before and after (C(running_pids)); that is the only
+        state the module changes.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+notes:
+  - The module only signals processes it found in this task's snapshot, by exact identity; it never signals a
+    process group or a pid it did not see.
+  - Needs the right to signal the processes (the same user, or C(become=true)). Before sending any
+    signal it checks every member with C(kill(pid, 0)) and fails without touching anything when one is denied.
+  - A zombie (exited, waiting for its parent to reap it) holds no memory or GPU and counts as gone.
+seealso:
+  - module: specdec.pivot.gpu_memory
+"""
+
+EXAMPLES = r"""
+- name: Report the drafter's training run (nothing is touched)
+  specdec.pivot.training_process:
+    pattern: 'python[0-9.]* .*train_dflash_pipeline\.py'
+    log_path: /data/runs/dflash/train.log
+    checkpoint_dir: /data/runs/dflash/checkpoints
+  register: training
+
+- name: Halt it - SIGTERM, SIGKILL after 5 minutes, wait until the GPUs are free
+  specdec.pivot.training_process:
+    pattern: 'python[0-9.]* .*train_dflash_pipeline\.py'
+    user: trainer
+    state: absent
+    kill_after: 300
+    timeout: 360
+    log_path: /data/runs/dflash/train.log
+    checkpoint_dir: /data/runs/dflash/checkpoints
+    checkpoint_glob: 'step_*'
+    wait_gpu_release: true
+  become: true
+  register: halted
+
+- name: Show where training stopped
+  ansible.builtin.debug:
+    msg: >-
+      stopped at step {{ halted.log.last_step }} ({{ halted.log.throughput_tok_s }} tok/s),
+      newest checkpoint {{ halted.checkpoint.name }}, escalated={{ halted.escalated }}
+
+- name: Halt exactly the tree an earlier query reported, by pid and start time
+  specdec.pivot.training_process:
+    pid: "{{ training.processes[0].pid }}"
+    pid_create_time: "{{ training.processes[0].create_time }}"
+    state: absent
+
+- name: What would be signalled (check mode signals nothing)
+  specdec.pivot.training_process:
+    pattern: 'torchrun .*train_dflash_pipeline\.py'
+    state: absent
+  check_mode: true
+"""
+
+RETURN = r"""
+msg:
+  description: One-line summary of what was found and done.
+  returned: always
+  type: str
+  sample: "halted 4 processes (pids 4100, 4101, 4102, 4103) with SIGTERM in 0.4s"
+found:
+  description: Whether a run was found (the tree has at least one process).
+  returned: always
+  type: bool
+  sample: true
+pids:
+  description: Pids of the tree, in signal order (launchers, roots, then descendants breadth-first).
+  returned: always
+  type: list
+  elements: int
+  sample: [4100, 4101, 4102, 4103]
+processes:
+  description: The processes of the tree as found before anything was signalled, in signal order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    ppid:
+      description: Parent process id.
+      type: int
+    name:
+      description: Process name.
+      type: str
+    username:
+      description: Owner.
+      type: str
+    cmdline:
+      description: Full command line (argv joined with spaces).
+      type: str
+    create_time:
+      description: Start time, seconds since the epoch (use it as O(pid_create_time)).
+      type: float
+    status:
+      description: psutil status when found (running, sleeping, ...).
+      type: str
+    role:
+      description:
+        - V(launcher) - a parent added because it launches the run (torchrun, ...).
+        - V(root) - a process the pattern or pid selected whose ancestors in the tree were not selected.
+        - V(child) - every other process of the tree.
+      type: str
+      choices: [launcher, root, child]
+  sample:
+    - {pid: 4100, ppid: 1, name: torchrun, username: trainer, role: launcher, status: sleeping,
+       cmdline: "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node 2 train_dflash_pipeline.py",
+       create_time: 1764670000.12}
+matched_pids:
+  description: Pids the pattern (or O(pid)) selected before the tree was expanded, protected ones included.
+  returned: always
+  type: list
+  elements: int
+excluded:
+  description: Processes that matched or belong to the tree but are never signalled, and why.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    reason:
+      description: Why it was left alone (the module's own process, an ancestor, PID 1, an Ansible process, ...).
+      type: str
+    name:
+      description: Process name.
+      type: str
+    cmdline:
+      description: Full command line.
+      type: str
+  sample: [{pid: 3120, reason: "an ancestor of the module's process", name: sshd, cmdline: "sshd: trainer"}]
+signals_sent:
+  description: Every signal actually delivered, in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    signal:
+      description: Signal name.
+      type: str
+  sample: [{pid: 4100, signal: SIGTERM}, {pid: 4101, signal: SIGTERM}, {pid: 4102, signal: SIGKILL}]
+signals_skipped:
+  description: >-
+    Signals not sent because the process had already exited (V(gone)), was a zombie, or its pid now belonged to
+    another process (V(reused)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4101, signal: SIGTERM, reason: gone}]
+late_pids:
+  description: Pids that appeared under the tree while it was halting and were signalled as well.
+  returned: always
+  type: list
+  elements: int
+escalated:
+  description: Whether C(SIGKILL) had to be sent after O(kill_after) seconds.
+  returned: always
+  type: bool
+survivors:
+  description: Pids still alive when the module gave up (the module fails when this is not empty).
+  returned: always
+  type: list
+  elements: int
+  sample: []
+zombies:
+  description: Pids of the tree that exited but were not yet reaped by their parent (they hold no resources).
+  returned: always
+  type: list
+  elements: int
+elapsed_s:
+  description: Seconds from the first signal until every process was gone (0 when nothing was signalled).
+  returned: always
+  type: float
+  sample: 0.42
+log:
+  description: The training log's tail and what was parsed from it.
+  returned: when O(log_path) is set
+  type: dict
+  contains:
+    path:
+      description: The log path.
+      type: str
+    tail:
+      description: The last O(log_lines) lines (progress-bar carriage returns and ANSI colours removed).
+      type: list
+      elements: str
+    last_step:
+      description: Step number from the newest line O(step_regex) matches.
+      type: int
+    line:
+      description: The line RV(log.last_step) came from.
+      type: str
+    throughput_tok_s:
+      description: Tokens per second from the newest line O(throughput_regex) matches, suffixes applied.
+      type: float
+    loss:
+      description: Loss from the newest line O(loss_regex) matches (null for nan/inf).
+      type: float
+    loss_text:
+      description: The loss as written in the log (V(nan) included).
+      type: str
+    mtime:
+      description: Modification time of the log (seconds since the epoch).
+      type: float
+    age_s:
+      description: Seconds since the log was last written.
+      type: float
+    error:
+      description: Why the log could not be read (only when it could not).
+      type: str
+  sample:
+    path: /data/runs/dflash/train.log
+    tail: ["step 5380 | lr 1.0e-04 | 19.5K tok/s | loss 1.2340"]
+    last_step: 5380
+    line: "step 5380 | lr 1.0e-04 | 19.5K tok/s | loss 1.2340"
+    throughput_tok_s: 19500.0
+    loss: 1.234
+    loss_text: "1.2340"
+    mtime: 1764670100.5
+    age_s: 0.8
+checkpoint:
+  description: The newest checkpoint in O(checkpoint_dir).
+  returned: when O(checkpoint_dir) is set
+  type: dict
+  contains:
+    dir:
+      description: The checkpoint directory.
+      type: str
+    path:
+      description: Path of the newest matching entry (null when none matched).
+      type: str
+    name:
+      description: Its base name.
+      type: str
+    step:
+      description: The last number in its name (C(checkpoint-5380) gives 5380).
+      type: int
+    mtime:
+      description: Its modification time (seconds since the epoch).
+      type: float
+    mtime_iso:
+      description: The same time in ISO 8601, UTC.
+      type: str
+    age_s:
+      description: Seconds since it was modified.
+      type: float
+    count:
+      description: How many entries matched O(checkpoint_glob).
+      type: int
+    error:
+      description: Why the directory could not be read (only when it could not).
+      type: str
+  sample: {dir: /data/runs/dflash/checkpoints, path: /data/runs/dflash/checkpoints/checkpoint-5000,
+           name: checkpoint-5000, step: 5000, mtime: 1764669000.0, mtime_iso: "2025-12-02T10:30:00+00:00",
+           age_s: 1100.5, count: 5}
+gpu:
+  description: The GPU-release check.
+  returned: always
+  type: dict
+  contains:
+    checked:
+      description: Whether the GPUs were queried.
+      type: bool
+    released:
+      description: True when no halted pid is listed on any GPU; null when not checked.
+      type: bool
+    skipped_reason:
+      description: Why the check did not run (not requested, check mode, nothing halted, no NVIDIA GPU).
+      type: str
+    still_on_gpu:
+      description: Halted pids still listed as compute processes (pid, gpu_index, gpu_uuid, name, used_mib).
+      type: list
+      elements: dict
+    gpu_count:
+      description: Number of GPUs seen.
+      type: int
+    waited_s:
+      description: Seconds spent waiting for the release.
+      type: float
+  sample: {checked: false, released: null, skipped_reason: "no NVIDIA GPU: nvidia-smi not found", still_on_gpu: []}
+"""
+
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.specdec.pivot.plugins.module_utils import _procs, _training_log
+from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import BACKENDS, GpuQueryError, read_gpus
+
+GPU_SKIP_KINDS = ("no_gpu", "no_devices")
+
+ARGUMENT_SPEC = dict(
+    pattern=dict(type="str"),
+    pid=dict(type="int"),
+    pid_create_time=dict(type="float"),
+    user=dict(type="str"),
+    state=dict(type="str", choices=["absent", "present"], default="present"),
+    signal=dict(type="str", choices=list(_procs.SIGNAL_CHOICES), default="SIGTERM"),
+    timeout=dict(type="float", default=120.0),
+    kill_after=dict(type="float", default=90.0, aliases=["grace"]),
+    escalate=dict(type="bool", default=True),
+    max_processes=dict(type="int", default=64),
+    include_launcher=dict(type="bool", default=True),
+    launcher_regex=dict(type="str", default=_procs.DEFAULT_LAUNCHER_REGEX),
+    log_path=dict(type="path"),
+    log_lines=dict(type="int", default=20),
+    step_regex=dict(type="str", default=_training_log.DEFAULT_STEP_REGEX),
+    throughput_regex=dict(type="str", default=_training_log.DEFAULT_THROUGHPUT_REGEX),
+    loss_regex=dict(type="str", default=_training_log.DEFAULT_LOSS_REGEX),
+    checkpoint_dir=dict(type="path"),
+    checkpoint_glob=dict(type="str", default=_training_log.DEFAULT_CHECKPOINT_GLOB),
+    wait_gpu_release=dict(type="bool", default=False),
+    gpu_release_timeout=dict(type="float", default=60.0),
+    nvidia_smi=dict(type="str", default="nvidia-smi"),
+    gpu_backend=dict(type="str", choices=list(BACKENDS), default="auto"),
+    gpu_query_timeout=dict(type="float", default=15.0),
+)
+
+
+def compile_option(module: AnsibleModule, option: str, min_groups: int = 0):
+    """Compile the regex in ``option`` or fail naming the option, the value and the fix."""
+    value = module.params[option]
+    if value is None:
+        return None
+    if value == "":
+        module.fail_json(msg=f"{option} is empty; give a regular expression (for example 'train_dflash_pipeline\\.py')")
+    try:
+        compiled = re.compile(value)
+    except re.error as err:
+        module.fail_json(
+            msg=(
+                f"{option}={value!r} is not a valid Python regular expression: {err}. Fix the expression "
+                f"(escape literal characters such as '.', '(' or '[' with a backslash)."
+            )
+        )
+    if compiled.groups < min_groups:
+        module.fail_json(
+            msg=(
+                f"{option}={value!r} has no capture group; put parentheses around the number to extract, "
+                f"for example {ARGUMENT_SPEC[option]['default']!r}."
+            )
+        )
+    return compiled
+
+
+def validate(module: AnsibleModule) -> None:
+    params = module.params
+    if params["pid"] is not None and params["pid"] <= 0:
+        module.fail_json(msg=f"pid={params['pid']} is not a process id; give the pid (> 0) of a training process.")
+    if params["pid_create_time"] is not None and params["pid"] is None:
+        module.fail_json(msg="pid_create_time is set without pid; set pid too, or drop pid_create_time.")
+    if params["timeout"] <= 0:
+        module.fail_json(msg=f"timeout={params['timeout']} must be > 0 seconds; for example timeout=120.")
+    if params["kill_after"] < 0:
+        module.fail_json(msg=f"kill_after={params['kill_after']} must be >= 0 seconds; for example kill_after=90.")
+    if (
+        params["state"] == "absent"
+        and params["escalate"]
+        and params["signal"] != "SIGKILL"
+        and params["kill_after"] >= params["timeout"]
+    ):
+        module.fail_json(
+            msg=(
+                f"kill_after={params['kill_after']} must be less than timeout={params['timeout']} when "
+                f"escalate=true, or SIGKILL could never be sent; raise timeout (e.g. to "
+                f"{params['kill_after'] + 30:g}) or lower kill_after."
+            )
+        )
+    if params["max_processes"] < 1:
+        module.fail_json(msg=f"max_processes={params['max_processes']} must be >= 1; the default is 64.")
+    if not 1 <= params["log_lines"] <= 10000:
+        module.fail_json(msg=f"log_lines={params['log_lines']} must be between 1 and 10000; the default is 20.")
+    if params["gpu_release_timeout"] <= 0:
+        module.fail_json(
+            msg=f"gpu_release_timeout={params['gpu_release_timeout']} must be > 0 seconds; the default is 60."
+        )
+    if params["gpu_query_timeout"] <= 0:
+        module.fail_json(
+            msg=f"gpu_query_timeout={params['gpu_query_timeout']} must be > 0 seconds; the default is 15."
+        )
+    if params["user"] is not None and not params["user"].strip():
+        module.fail_json(msg="user is empty; give a user name or uid, or leave user out to match every user.")
+    if not params["checkpoint_glob"]:
+        module.fail_json(msg="checkpoint_glob is empty; give a glob such as '*[0-9]*' or 'checkpoint-*'.")
+
+
+def select(module: AnsibleModule, table: dict, protected: dict, pattern) -> list:
+    """Pids selected by pattern or pid (before tree expansion)."""
+    params = module.params
+    if pattern is not None:
+        return _procs.match_cmdline(table, pattern)
+    pid = params["pid"]
+    info = table.get(pid)
+    if info is None:
+        return []
+    expected = params["pid_create_time"]
+    if expected is not None and abs(info.create_time - expected) > _procs.CREATE_TIME_TOLERANCE_S:
+        module.warn(
+            f"pid {pid} now belongs to a process started at {info.create_time} (not pid_create_time={expected}): "
+            f"the run is gone and the pid was reused by {info.name!r}; nothing is signalled."
+        )
+        return []
+    reason = _procs.protection_reason(info, protected)
+    if reason is not None:
+        module.fail_json(
+            msg=(
+                f"pid={pid} ({info.name}: {info.cmdline_str[:200]!r}) is {reason} and is never signalled or "
+                f"reported; give the pid of the training process (its launcher or a worker), or use pattern."
+            )
+        )
+    return [pid]
+
+
+def read_log(module: AnsibleModule, regexes: dict) -> dict:
+    params = module.params
+    path = params["log_path"]
+    try:
+        lines = _training_log.read_tail(path, params["log_lines"])
+        mtime = os.stat(path).st_mtime
+    except OSError as err:
+        module.warn(f"log_path={path!r} could not be read ({err.strerror or err}); the log is not reported.")
+        return {"path": path, "tail": [], "last_step": None, "line": None, "throughput_tok_s": None,
+                "loss": None, "loss_text": None, "mtime": None, "age_s": None, "error": str(err)}
+    cleaned = [_training_log.clean_line(line) for line in lines]
+    parsed = _training_log.parse_training_log(lines, regexes["step"], regexes["throughput"], regexes["loss"])
+    return _training_log.describe_log(path, cleaned, parsed, mtime, time.time())
+
+
+def read_checkpoint(module: AnsibleModule) -> dict:
+    params = module.params
+    directory = params["checkpoint_dir"]
+    try:
+        return _training_log.find_newest_checkpoint(directory, params["checkpoint_glob"])
+    except OSError as err:
+        module.warn(
+            f"checkpoint_dir={directory!r} could not be read ({err.strerror or err}); no checkpoint is reported."
+        )
+        result = _training_log.describe_checkpoint(directory, [], time.time())
+        result["error"] = str(err)
+        return result
+
+
+def wait_gpu_release(module: AnsibleModule, pids: list) -> dict:
+    """Poll the GPUs until none of ``pids`` is a compute process; fail on a hang or a timeout."""
+    params = module.params
+    result = {"checked": False, "released": None, "skipped_reason": None, "still_on_gpu": [], "gpu_count": None,
+              "waited_s": 0.0}
+    start = time.monotonic()
+    deadline = start + params["gpu_release_timeout"]
+    interval = 0.25
+    while True:
+        try:
+            gpus = read_gpus(
+                module, nvidia_smi=params["nvidia_smi"], timeout=params["gpu_query_timeout"],
+                backend=params["gpu_backend"],
+            )
+        except GpuQueryError as err:
+            kind = getattr(err, "kind", "other")
+            if kind in GPU_SKIP_KINDS:
+                result["skipped_reason"] = f"no NVIDIA GPU ({kind}): {err}"
+                result["waited_s"] = round(time.monotonic() - start, 3)
+                return result
+            return {**result, "error": str(err), "error_kind": kind, "waited_s": round(time.monotonic() - start, 3)}
+        result["checked"] = True
+        result["gpu_count"] = len(gpus)
+        still = _procs.pids_on_gpus(gpus, pids)
+        result["still_on_gpu"] = still
+        now = time.monotonic()
+        if not still:
+            result["released"] = True
+            break
+        if now >= deadline:
+            result["released"] = False
+            break
+        time.sleep(min(interval, max(0.0, deadline - now)))
+        interval = min(interval * 2, 2.0)
+    result["waited_s"] = round(time.monotonic() - start, 3)
+    return result
+
+
+def summary(state: str, check_mode: bool, tree: _procs.Tree, signame: str, halt, found_desc: str) -> str:
+    count = len(tree.members)
+    pids = ", ".join(str(p) for p in tree.pids[:16]) + (", ..." if count > 16 else "")
+    if not count:
+        return f"no running process matches {found_desc}" + (" (already stopped)" if state == "absent" else "")
+    if state == "present":
+        return f"found {count} processes (pids {pids}) for {found_desc}"
+    if check_mode:
+        return f"would send {signame} to {count} processes (pids {pids}) for {found_desc}"
+    how = "escalated to SIGKILL" if halt.escalated else f"with {signame}"
+    if halt.survivors:
+        return f"{len(halt.survivors)} of {count} processes survived {how} after {halt.elapsed_s}s"
+    return f"halted {count} processes (pids {pids}) {how} in {halt.elapsed_s}s"
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("pattern", "pid")],
+        required_one_of=[("pattern", "pid")],
+        required_by={"pid_create_time": "pid"},
+        supports_check_mode=True,
+    )
+    if not _procs.HAS_PSUTIL:
+        module.fail_json(msg=missing_required_lib("psutil"), exception=str(_procs.PSUTIL_IMPORT_ERROR))
+    validate(module)
+    params = module.params
+    pattern = compile_option(module, "pattern")
+    launcher_re = compile_option(module, "launcher_regex") if params["include_launcher"] else None
+    regexes = {
+        "step": compile_option(module, "step_regex", 1),
+        "throughput": compile_option(module, "throughput_regex", 1),
+        "loss": compile_option(module, "loss_regex", 1),
+    }
+    signame = params["signal"]
+    signum = _procs.signal_number(signame)
+    found_desc = f"pattern {params['pattern']!r}" if pattern is not None else f"pid {params['pid']}"
+
+    table = _procs.snapshot()
+    protected = _procs.protected_pids(table, os.getpid())
+    selected = select(module, table, protected, pattern)
+    tree = _procs.build_tree(table, selected, protected, launcher_re=launcher_re, user=params["user"])
+    count = len(tree.members)
+    if count > params["max_processes"]:
+        msg = (
+            f"{found_desc} selects {count} processes (with launchers and descendants), more than "
+            f"max_processes={params['max_processes']}; make the pattern more specific (e.g. "
+            f"'python[0-9.]* .*train_dflash_pipeline\\.py'), add user, or raise max_processes if this is right."
+        )
+        if params["state"] == "absent":
+            module.fail_json(msg=msg + " Nothing was signalled.", pids=tree.pids, processes=tree.processes(),
+                             matched_pids=tree.matched, excluded=tree.excluded, changed=False)
+        module.warn(msg)
+
+    before = tree.pids
+    result = dict(
+        changed=False,
+        found=count > 0,
+        pids=before,
+        processes=tree.processes(),
+        matched_pids=tree.matched,
+        excluded=tree.excluded,
+        signals_sent=[],
+        signals_skipped=[],
+        late_pids=[],
+        escalated=False,
+        survivors=[],
+        zombies=[],
+        elapsed_s=0.0,
+    )
+    gpu = {"checked": False, "released": None, "skipped_reason": "wait_gpu_release is false", "still_on_gpu": [],
+           "gpu_count": None, "waited_s": 0.0}
+    halt = None
+    failure = None
+    if params["state"] == "absent" and count:
+        result["changed"] = True
+        if module.check_mode:
+            gpu["skipped_reason"] = "check mode" if params["wait_gpu_release"] else gpu["skipped_reason"]
+        else:
+            denied = _procs.probe_permission(tree.members)
+            if denied:
+                module.fail_json(
+                    msg=(
+                        "not allowed to signal pids "
+                        + ", ".join(f"{d.pid} (user {d.username or d.uid})" for d in denied)
+                        + "; run the task with become: true or as the owning user. Nothing was signalled."
+                    ),
+                    **result,
+                )
+            known = set(before) | {e["pid"] for e in tree.excluded}
+            halt = _procs.halt_tree(
+                tree.members,
+                signum,
+                timeout=params["timeout"],
+                kill_after=params["kill_after"],
+                escalate=params["escalate"],
+                discover=lambda alive: _procs.new_descendants(alive, known, protected, params["user"]),
+            )
+            result.update(
+                signals_sent=halt.signals_sent,
+                signals_skipped=halt.skipped,
+                late_pids=[p.pid for p in halt.late_members],
+                escalated=halt.escalated,
+                survivors=[p.pid for p in halt.survivors],
+                zombies=halt.zombies,
+                elapsed_s=halt.elapsed_s,
+            )
+            if halt.late_members:
+                result["processes"] = result["processes"] + [p.as_dict(_procs.ROLE_CHILD) for p in halt.late_members]
+                result["pids"] = result["pids"] + result["late_pids"]
+            if halt.survivors:
+                failure = (
+                    f"{len(halt.survivors)} processes of the run are still alive after {halt.elapsed_s}s: pids "
+                    + ", ".join(str(p.pid) for p in halt.survivors)
+                    + ("" if params["escalate"] else " (escalate=false, so no SIGKILL was sent)")
+                    + "; see survivors. Raise timeout, or enable escalate."
+                )
+            elif params["wait_gpu_release"]:
+                gpu = wait_gpu_release(module, result["pids"])
+                if gpu.get("error"):
+                    failure = (
+                        f"the run was halted, but the GPU-release check failed ({gpu['error_kind']}): {gpu['error']}"
+                    )
+                elif gpu["released"] is False:
+                    failure = (
+                        f"the run was halted, but after gpu_release_timeout={params['gpu_release_timeout']}s these "
+                        "pids are still listed on the GPU: "
+                        + ", ".join(f"{s['pid']} on GPU {s['gpu_index']}" for s in gpu["still_on_gpu"])
+                    )
+    elif params["wait_gpu_release"]:
+        gpu["skipped_reason"] = "nothing was halted" if params["state"] == "absent" else "state=present"
+    result["gpu"] = gpu
+
+    if params["log_path"]:
+        result["log"] = read_log(module, regexes)
+    if params["checkpoint_dir"]:
+        result["checkpoint"] = read_checkpoint(module)
+
+    after = [] if (params["state"] == "absent" and not (halt and halt.survivors)) else before
+    if halt and halt.survivors:
+        after = result["survivors"]
+    if module._diff:
+        result["diff"] = {
+            "before": {"running_pids": before},
+            "after": {"running_pids": after},
+            "before_header": f"training run ({found_desc})",
+            "after_header": f"training run ({found_desc})",
+        }
+    result["msg"] = summary(params["state"], module.check_mode, tree, signame, halt, found_desc)
+    if failure:
+        module.fail_json(msg=failure, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
