@@ -469,7 +469,8 @@ def plan_fit(
                 max_running_requests,
             )
         )
-    kv_tokens_fit = min(g["kv_tokens"] for g in per_gpu)
+    tightest = min(per_gpu, key=lambda g: g["kv_tokens"])
+    kv_tokens_fit = tightest["kv_tokens"]
     fits = kv_tokens_fit >= context_length and all(g["state_ok"] for g in per_gpu)
     reason = _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size)
 
@@ -489,13 +490,13 @@ def plan_fit(
         "layer_types_source": t["kinds"]["source"],
         "draft_layers": (len(d["kinds"]["full"]) + len(d["kinds"]["sliding"])) if d else 0,
         "linear_state_bytes_per_request": state_per_req,
-        "linear_state_bytes_per_gpu": min(g["state_bytes"] for g in per_gpu),
+        "linear_state_bytes_per_gpu": tightest["linear_state_bytes"],
         "speculative_num_draft_tokens": spec_tokens or None,
         "kv_tokens_fit": kv_tokens_fit,
         "min_kv_tokens_needed": context_length,
-        "budget_bytes_per_gpu": [g["budget"] for g in per_gpu],
-        "free_bytes_per_gpu": [g["free"] for g in per_gpu],
-        "available_bytes_per_gpu": [g["available"] for g in per_gpu],
+        "budget_bytes_per_gpu": [g["budget_bytes"] for g in per_gpu],
+        "free_bytes_per_gpu": [g["free_bytes"] for g in per_gpu],
+        "available_bytes_per_gpu": [g["available_bytes"] for g in per_gpu],
         "gpu_indices": [g["index"] for g in per_gpu],
         "per_gpu": [{k: v for k, v in g.items() if k not in ("state_ok", "gpu")} for g in per_gpu],
         "tp_size": tp_size,
@@ -564,15 +565,15 @@ def _gpu_fit(
     return {
         "index": gpu["index"],
         "uuid": gpu.get("uuid"),
-        "total": total_b,
-        "free": free_b,
-        "available": available,
-        "budget": budget,
-        "weights": weights,
-        "draft": draft,
-        "rest": rest,
-        "state_bytes": state,
-        "state_slots": slots,
+        "total_bytes": total_b,
+        "free_bytes": free_b,
+        "available_bytes": available,
+        "budget_bytes": budget,
+        "weights_bytes": weights,
+        "draft_bytes": draft,
+        "rest_bytes": rest,
+        "linear_state_bytes": state,
+        "linear_state_slots": slots,
         "kv_tokens": int(kv_tokens),
         "kv_tokens_if_idle": int(idle_tokens),
         "state_ok": state_per_req <= 0 or (rest > 0 and slots >= 1),
@@ -591,18 +592,18 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
         if g["kv_tokens"] >= context_length and g["state_ok"]:
             continue
         i = g["index"]
-        in_use = g["total"] - g["available"]
-        occupied = g["total"] and in_use > 0.05 * g["total"]
+        in_use = g["total_bytes"] - g["available_bytes"]
+        occupied = g["total_bytes"] and in_use > 0.05 * g["total_bytes"]
         held = _holders(g["gpu"], freed) if occupied else ""
         head = (
-            f"GPU {i}: budget {_gib(g['budget'])} (mem_fraction {mem_fraction} x {_gib(g['available'])} available"
-            + (f"; {_gib(in_use)} of {_gib(g['total'])} in use, {held}" if occupied else "")
+            f"GPU {i}: budget {_gib(g['budget_bytes'])} (mem_fraction {mem_fraction} x {_gib(g['available_bytes'])} available"
+            + (f"; {_gib(in_use)} of {_gib(g['total_bytes'])} in use, {held}" if occupied else "")
             + ")"
         )
-        if g["rest"] <= 0:
+        if g["rest_bytes"] <= 0:
             what = (
-                f"the weights alone ({_gib(g['weights'])} target"
-                + (f" + {_gib(g['draft'])} drafter" if g["draft"] else "")
+                f"the weights alone ({_gib(g['weights_bytes'])} target"
+                + (f" + {_gib(g['draft_bytes'])} drafter" if g["draft_bytes"] else "")
                 + f" per GPU at tp_size {tp_size}) exceed it"
             )
         elif not g["state_ok"]:
@@ -614,7 +615,7 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
                 "it would fit on an idle GPU: stop those processes first (or list them in assume_freed_pids if the "
                 "pivot stops them before the server starts)"
             )
-        elif g["rest"] <= 0:
+        elif g["rest_bytes"] <= 0:
             fix = "raise mem_fraction or tp_size, or load the weights in fp8 (dtype fp8)"
         else:
             fix = "raise mem_fraction or tp_size, lower context_length, or use an fp8 KV cache (kv_cache_dtype fp8)"
