@@ -1,0 +1,1005 @@
+# Copyright: specdec.pivot contributors
+# Apache License 2.0 (see galaxy.yml)
+"""Pure parsers for SGLang facts: help texts, ``systemctl show`` output, ExecStart lines, versions.
+
+Everything here is text in, data out: no processes, no files, no imports beyond the standard library,
+so it runs in any target interpreter Ansible uses and is tested with tables
+(tests/unit/plugins/module_utils/test_sglang.py).
+
+Sections:
+- versions: ``parse_version``, ``compare_versions``, ``version_satisfies`` (a PEP 440 subset).
+- help: ``parse_help_algorithms`` reads ``--speculative-algorithm`` from ``launch_server --help`` in
+  both forms SGLang has printed: argparse choices ``{DFLASH,EAGLE,...}`` (0.5.10, 0.5.11) and the
+  free text ``Builtins: ... Or any name registered via SpeculativeAlgorithm.register`` (0.5.12+).
+- systemd: ``parse_systemctl_show``, ``parse_exec_property`` (the ``{ path=... ; argv[]=... }`` form),
+  ``parse_environment_property``, ``parse_environment_file``, ``unit_info_from_show``.
+- ExecStart: ``split_command_line`` (systemd's quoting rules), ``parse_exec_start``,
+  ``render_exec_start``, ``exec_start_argv``, ``replace_speculative_flags``.
+- capabilities: ``summarize_capabilities`` turns the probe's JSON (plugins/module_utils/_sglang_probe.py)
+  and the parsed help into the module's result.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# --------------------------------------------------------------------------------------------------
+# Facts about SGLang releases (measured from the wheels; see ../shared/notes/sglang.md)
+# --------------------------------------------------------------------------------------------------
+
+#: First release with the ``sglang.srt.plugins`` entry-point group and ``load_plugins()``.
+ENTRY_POINTS_MIN_VERSION = "0.5.11"
+#: First release with ``SpeculativeAlgorithm.register`` (a plugin can add an algorithm name).
+PLUGIN_API_MIN_VERSION = "0.5.12"
+#: Entry-point group SGLang loads general plugins from.
+PLUGIN_GROUP = "sglang.srt.plugins"
+#: The algorithm name the sglang-ddtree plugin registers.
+DDTREE_ALGORITHM = "DDTREE"
+#: The collection's own view of the SGLang versions DDTree supports, used only when the plugin
+#: package (``sglang_ddtree.sglang.versions``) cannot be imported in the target interpreter:
+#: DFlashWorkerV2 (which DDTree builds on) appeared in 0.5.14; no upper bound is known.
+DDTREE_SUPPORTED_SPEC = ">=0.5.14"
+#: Versions DDTree was tested with (informational).
+DDTREE_TESTED_VERSIONS = ("0.5.17", "0.5.23")
+#: PATH systemd gives services that set none (systemd.exec(5), "Environment variables in spawned
+#: processes").
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# --------------------------------------------------------------------------------------------------
+# Versions (a PEP 440 subset: release, a/b/rc, post, dev, local)
+# --------------------------------------------------------------------------------------------------
+
+_VERSION_RE = re.compile(
+    r"""^\s*v?
+    (?P<release>\d+(?:\.\d+)*)
+    (?:[-_.]?(?P<pre_l>a|b|rc|c|alpha|beta|pre|preview)[-_.]?(?P<pre_n>\d*))?
+    (?:(?:-(?P<post_n1>\d+))|(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post_n2>\d*)))?
+    (?:[-_.]?dev[-_.]?(?P<dev_n>\d*))?
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
+    \s*$""",
+    re.VERBOSE | re.IGNORECASE,
+)
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+_INF = float("inf")
+
+
+def parse_version(text: str) -> tuple:
+    """Return a sort key for a version string; raise ValueError when it is not a version.
+
+    >>> parse_version("0.5.23") < parse_version("0.5.100")
+    True
+    """
+    m = _VERSION_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    release = [int(p) for p in m.group("release").split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    pre_l, dev_n = m.group("pre_l"), m.group("dev_n")
+    post = m.group("post_n1") or m.group("post_n2")
+    has_post = m.group("post_n1") is not None or m.group("post_n2") is not None
+    has_dev = dev_n is not None
+    if pre_l:
+        pre: tuple = (_PRE_RANK[pre_l.lower()], int(m.group("pre_n") or 0))
+    elif has_dev and not has_post:
+        pre = (-_INF,)  # 1.0.dev1 sorts before 1.0a1
+    else:
+        pre = (_INF,)
+    post_key = (int(post or 0),) if has_post else (-_INF,)
+    dev_key = (int(dev_n or 0),) if has_dev else (_INF,)
+    return (tuple(release), pre, post_key, dev_key)
+
+
+def compare_versions(a: str, b: str) -> int:
+    """-1, 0 or 1 as version ``a`` is older than, equal to or newer than ``b``."""
+    ka, kb = parse_version(a), parse_version(b)
+    return (ka > kb) - (ka < kb)
+
+
+def _release(text: str) -> list[int]:
+    m = _VERSION_RE.match(text)
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return [int(p) for p in m.group("release").split(".")]
+
+
+def _clause_ok(version: str, op: str, target: str) -> bool:
+    if target.endswith(".*"):
+        if op not in ("==", "!="):
+            raise ValueError(f"a wildcard version needs == or !=, got {op}{target}")
+        prefix = [int(p) for p in target[:-2].split(".")]
+        rel = _release(version)
+        rel += [0] * max(0, len(prefix) - len(rel))
+        same = rel[: len(prefix)] == prefix
+        return same if op == "==" else not same
+    c = compare_versions(version, target)
+    if op == "~=":
+        rel = _release(target)
+        if len(rel) < 2:
+            raise ValueError(f"~= needs at least two release parts, got {target}")
+        return c >= 0 and _clause_ok(version, "==", ".".join(str(p) for p in rel[:-1]) + ".*")
+    return {
+        ">=": c >= 0,
+        "<=": c <= 0,
+        ">": c > 0,
+        "<": c < 0,
+        "==": c == 0,
+        "===": version.strip() == target,
+        "!=": c != 0,
+    }[op]
+
+
+_CLAUSE_RE = re.compile(r"^\s*(===|~=|==|!=|>=|<=|>|<)\s*([^\s,;]+)\s*$")
+
+
+def version_satisfies(version: str, spec: str) -> bool:
+    """Whether ``version`` satisfies a specifier such as ``>=0.5.14,<0.6`` (empty spec: any).
+
+    Raises ValueError naming the bad clause when ``spec`` or ``version`` cannot be read.
+    """
+    parse_version(version)
+    for clause in (spec or "").split(","):
+        if not clause.strip():
+            continue
+        m = _CLAUSE_RE.match(clause)
+        if not m:
+            raise ValueError(f"not a version specifier clause: {clause.strip()!r} (in {spec!r})")
+        if not _clause_ok(version, m.group(1), m.group(2)):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# launch_server --help
+# --------------------------------------------------------------------------------------------------
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ALGO_OPTION = "--speculative-algorithm"
+_CHOICES_RE = re.compile(re.escape(_ALGO_OPTION) + r"[ =]\{([^}]*)\}")
+_NAME_RE = re.compile(r"\b[A-Za-z][A-Za-z0-9_]*\b")
+_OPTION_LINE_RE = re.compile(r"^ {1,8}-")
+
+
+def _option_help_paragraph(text: str, option: str) -> str | None:
+    """The help text of ``option`` in argparse's options section, joined into one line.
+
+    None when the option has no entry there. Usage lines (``[--option ...]``) are not entries.
+    """
+    lines = text.splitlines()
+    head_re = re.compile(r"^ {1,8}(?:-\S+(?: \S+)?, )*" + re.escape(option) + r"(?=[\s,=]|$)")
+    for i, line in enumerate(lines):
+        if not head_re.match(line):
+            continue
+        parts = [re.split(r"\s{2,}", line.strip(), maxsplit=1)[1]] if re.search(r"\S\s{2,}\S", line) else []
+        for nxt in lines[i + 1 :]:
+            if not nxt.strip() or _OPTION_LINE_RE.match(nxt) or not nxt.startswith("    "):
+                break
+            parts.append(nxt.strip())
+        return " ".join(parts)
+    return None
+
+
+def parse_help_algorithms(text: str) -> dict[str, Any]:
+    """Read the speculative algorithms ``python -m sglang.launch_server --help`` lists.
+
+    Returns ``{"algorithms": [...], "form": "choices" | "free_text" | None, "accepts_registered": bool,
+    "option_present": bool}``:
+    - ``choices``: argparse's brace list ``--speculative-algorithm {DFLASH,EAGLE,...}`` (0.5.10, 0.5.11):
+      a static list, so no plugin can add a name there.
+    - ``free_text``: ``Builtins: EAGLE, ..., DFLASH. Or any name registered via
+      `SpeculativeAlgorithm.register`.`` (0.5.12 and later); ``accepts_registered`` is True when the
+      text says registered names are accepted.
+    - ``None``: the option is missing (very old SGLang) or its help names no algorithms.
+    Names keep SGLang's order and spelling; duplicates are dropped.
+    """
+    text = _ANSI_RE.sub("", text or "")
+    result: dict[str, Any] = {
+        "algorithms": [],
+        "form": None,
+        "accepts_registered": False,
+        "option_present": _ALGO_OPTION in text,
+    }
+    m = _CHOICES_RE.search(text)
+    if m:
+        result["algorithms"] = _unique(n.strip() for n in m.group(1).split(",") if n.strip())
+        result["form"] = "choices"
+        return result
+    paragraph = _option_help_paragraph(text, _ALGO_OPTION)
+    if paragraph is None:
+        return result
+    result["accepts_registered"] = bool(re.search(r"\bany name\b.*\bregister", paragraph, re.IGNORECASE))
+    m = re.search(r"\bBuiltins?\s*:\s*(.*?)(?:\.(?:\s|$)|$)", paragraph, re.IGNORECASE)
+    if m:
+        names = [n for n in _NAME_RE.findall(m.group(1)) if n.lower() not in ("and", "or")]
+        if names:
+            result["algorithms"] = _unique(names)
+            result["form"] = "free_text"
+    return result
+
+
+def _unique(items) -> list:
+    seen: list = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+# --------------------------------------------------------------------------------------------------
+# systemctl show
+# --------------------------------------------------------------------------------------------------
+
+#: Properties the module asks ``systemctl show`` for.
+UNIT_PROPERTIES = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "FragmentPath",
+    "DropInPaths",
+    "ExecStart",
+    "Environment",
+    "EnvironmentFiles",
+    "User",
+    "Group",
+    "WorkingDirectory",
+    "MainPID",
+)
+
+
+def parse_systemctl_show(text: str) -> dict[str, Any]:
+    """``systemctl show UNIT`` output (``Key=value`` lines) as a dict.
+
+    A key that appears more than once (ExecStart of a unit with several commands) maps to a list of
+    its values in order; every other value is the raw string. Lines without ``=`` are ignored.
+    """
+    props: dict[str, Any] = {}
+    for line in (text or "").splitlines():
+        if "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip()
+        if not key or " " in key:
+            continue
+        if key in props:
+            if not isinstance(props[key], list):
+                props[key] = [props[key]]
+            props[key].append(value)
+        else:
+            props[key] = value
+    return props
+
+
+_EXEC_KEYS = ("path", "argv[]", "flags", "ignore_errors", "start_time", "stop_time", "pid", "code", "status")
+_EXEC_SPLIT_RE = re.compile(r" ; (?=(?:" + "|".join(re.escape(k) for k in _EXEC_KEYS) + r")=)")
+
+
+def parse_exec_property(value: str | list[str]) -> list[dict[str, Any]]:
+    """The commands of an Exec* property as ``systemctl show`` prints it.
+
+    Each command is ``{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m x --a b ; ignore_errors=no ;
+    start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }`` (ExecStartEx prints
+    ``flags=`` instead of ``ignore_errors=``). Returns ``[{"path", "argv" (list), "ignore_errors" (bool),
+    "flags" (str)}]``. ``argv[]`` is split with systemd's quoting rules (newer systemd quotes words that
+    hold spaces; older ones join them with plain spaces, which cannot be undone).
+    Raises ValueError when a ``{ ... }`` block has no ``argv[]``.
+    """
+    values = value if isinstance(value, list) else [value]
+    commands: list[dict[str, Any]] = []
+    for text in values:
+        for block in _exec_blocks(text or ""):
+            fields: dict[str, str] = {}
+            for part in _EXEC_SPLIT_RE.split(block):
+                if "=" in part:
+                    k, v = part.split("=", 1)
+                    fields[k.strip()] = v
+            if "argv[]" not in fields:
+                raise ValueError(f"no argv[] in the Exec property block {{ {block} }}")
+            argv = split_command_line(fields["argv[]"])
+            flags = fields.get("flags", "").strip()
+            commands.append(
+                {
+                    "path": fields.get("path", argv[0] if argv else "").strip(),
+                    "argv": argv,
+                    "ignore_errors": fields.get("ignore_errors", "no").strip() == "yes" or "ignore-failure" in flags,
+                    "flags": flags,
+                }
+            )
+    return commands
+
+
+def _exec_blocks(text: str) -> list[str]:
+    """The insides of the top-level ``{ ... }`` blocks (quote-aware) of an Exec property value."""
+    blocks, depth, start, quote, i = [], 0, 0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'" and depth:
+            quote = ch
+        elif ch == "{" and (i == 0 or text[i - 1] in " \t") and depth == 0:
+            depth, start = 1, i + 1
+        elif ch == "}" and depth == 1 and text[i - 1] in " \t":
+            blocks.append(text[start:i].strip())
+            depth = 0
+        i += 1
+    if depth:
+        raise ValueError(f"unterminated '{{' in the Exec property value: {text!r}")
+    return blocks
+
+
+def parse_environment_property(value: str) -> dict[str, str]:
+    """The ``Environment=`` property (``A=1 "B=two words"``) as an ordered dict; later entries win."""
+    env: dict[str, str] = {}
+    for word in split_command_line(value or "", separators=False):
+        if "=" in word:
+            k, v = word.split("=", 1)
+            env[k] = v
+    return env
+
+
+def parse_environment_files_property(value: str) -> list[dict[str, Any]]:
+    """``EnvironmentFiles=/etc/default/x (ignore_errors=no) /etc/y (ignore_errors=yes)`` as a list."""
+    out = []
+    for m in re.finditer(r"(\S+) \(ignore_errors=(yes|no)\)", value or ""):
+        out.append({"path": m.group(1), "ignore_errors": m.group(2) == "yes"})
+    return out
+
+
+def parse_environment_file(text: str) -> dict[str, str]:
+    """An ``EnvironmentFile=`` (``KEY=value`` lines, ``#``/``;`` comments, optional ``export``, quotes)."""
+    env: dict[str, str] = {}
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        if "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        k, v = k.strip(), v.strip()
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+            quote, v = v[0], v[1:-1]
+            if quote == '"':
+                v = re.sub(r'\\(["\\$`])', r"\1", v)
+        env[k] = v
+    return env
+
+
+def unit_info_from_show(props: dict[str, Any], name: str) -> dict[str, Any]:
+    """The unit facts the module returns, from ``parse_systemctl_show`` output.
+
+    Raises ValueError when the unit does not exist or has no ExecStart.
+    """
+    load_state = _first(props.get("LoadState", ""))
+    if load_state in ("not-found", "") and not _first(props.get("FragmentPath", "")):
+        raise ValueError(f"systemd unit {name!r} not found (LoadState={load_state or 'unknown'})")
+    commands = parse_exec_property(props.get("ExecStart", "")) if props.get("ExecStart") else []
+    if not commands:
+        raise ValueError(f"systemd unit {name!r} has no ExecStart")
+    argv = commands[0]["argv"]
+    workdir = _first(props.get("WorkingDirectory", "")).strip()
+    workdir = workdir.lstrip("-!") if workdir not in ("", "!") else ""
+    main_pid = _first(props.get("MainPID", "0")).strip()
+    return {
+        "name": _first(props.get("Id", "")) or name,
+        "load_state": load_state,
+        "active_state": _first(props.get("ActiveState", "")),
+        "sub_state": _first(props.get("SubState", "")),
+        "fragment_path": _first(props.get("FragmentPath", "")),
+        "drop_in_paths": split_command_line(_first(props.get("DropInPaths", "")), separators=False),
+        "exec_start": render_argv(argv),
+        "exec_path": commands[0]["path"],
+        "argv": argv,
+        "exec_commands": len(commands),
+        "environment": parse_environment_property(_first(props.get("Environment", ""))),
+        "environment_files": parse_environment_files_property(_first(props.get("EnvironmentFiles", ""))),
+        "user": _first(props.get("User", "")),
+        "group": _first(props.get("Group", "")),
+        "working_directory": workdir,
+        "main_pid": int(main_pid) if main_pid.isdigit() else 0,
+    }
+
+
+def _first(value: Any) -> str:
+    return value[0] if isinstance(value, list) else (value or "")
+
+
+# --------------------------------------------------------------------------------------------------
+# ExecStart: systemd command-line syntax
+# --------------------------------------------------------------------------------------------------
+
+#: Characters systemd accepts as special prefixes of an Exec line (systemd.service(5), table 1).
+EXEC_PREFIX_CHARS = "@-:+!|"
+_SIMPLE_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+    ";": ";",
+}
+
+
+def join_continuation_lines(text: str) -> str:
+    """Join a unit-file value continued with a trailing backslash; drop comment lines inside it."""
+    out: list[str] = []
+    lines = (text or "").splitlines() or [""]
+    continuing = False
+    for line in lines:
+        stripped = line.strip()
+        if continuing and stripped[:1] in ("#", ";") and stripped[:2] != ";\\":
+            continue
+        if line.rstrip().endswith("\\") and not line.rstrip().endswith("\\\\"):
+            out.append(line.rstrip()[:-1])
+            continuing = True
+        else:
+            out.append(line)
+            continuing = False
+    return " ".join(out)
+
+
+def split_command_line(text: str, separators: bool = True) -> list[str]:
+    """Split a command line the way systemd splits ExecStart (systemd.syntax(7), systemd.service(5)).
+
+    Words are separated by whitespace; double or single quotes group (also inside a word); C escapes
+    (\\n, \\t, \\", \\\\, \\xHH, \\ooo, \\uXXXX, \\UXXXXXXXX, \\s) are decoded everywhere; a trailing
+    backslash continues the line. ``$VAR``, ``${VAR}`` and ``%`` specifiers are kept literally (systemd
+    expands them when it starts the command). With ``separators``, a lone ``;`` word (several commands)
+    raises ValueError; ``\\;`` is a literal semicolon word.
+    Raises ValueError on an unterminated quote.
+    """
+    text = join_continuation_lines(text)
+    words: list[str] = []
+    cur: list[str] = []
+    in_word = False
+    quote = ""
+    escaped_semicolon = False
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\" and i + 1 < n:
+            decoded, i = _unescape(text, i)
+            if decoded == ";" and not cur and not quote:
+                escaped_semicolon = True
+            cur.append(decoded)
+            in_word = True
+            continue
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                cur.append(ch)
+            i += 1
+            continue
+        if ch in "\"'":
+            quote = ch
+            in_word = True
+            i += 1
+            continue
+        if ch.isspace():
+            if in_word:
+                words.append(_finish_word(cur, escaped_semicolon, separators, len(words)))
+                cur, in_word, escaped_semicolon = [], False, False
+            i += 1
+            continue
+        cur.append(ch)
+        in_word = True
+        i += 1
+    if quote:
+        raise ValueError(f"unterminated {quote} quote in command line: {text!r}")
+    if in_word:
+        words.append(_finish_word(cur, escaped_semicolon, separators, len(words)))
+    return words
+
+
+def _finish_word(cur: list[str], escaped_semicolon: bool, separators: bool, index: int) -> str:
+    word = "".join(cur)
+    if separators and word == ";" and not escaped_semicolon:
+        raise ValueError(
+            f"the command line holds several commands separated by ';' (word {index + 1}); "
+            "only one command per ExecStart is supported"
+        )
+    return word
+
+
+def _unescape(text: str, i: int) -> tuple[str, int]:
+    """Decode the C escape at ``text[i]`` (a backslash); return (characters, next index)."""
+    nxt = text[i + 1]
+    if nxt in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[nxt], i + 2
+    for letter, width in (("x", 2), ("u", 4), ("U", 8)):
+        if nxt == letter:
+            digits = text[i + 2 : i + 2 + width]
+            if len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits):
+                return chr(int(digits, 16)), i + 2 + width
+    digits = text[i + 1 : i + 4]
+    if len(digits) == 3 and all(c in "01234567" for c in digits):
+        return chr(int(digits, 8)), i + 4
+    return "\\" + nxt, i + 2  # unknown escape: kept as written
+
+
+_SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./${}~^\[\]-]+$")
+
+
+def quote_word(word: str) -> str:
+    """Quote one word for a systemd command line so ``split_command_line`` reads it back unchanged."""
+    if word and _SAFE_WORD_RE.match(word) and word != ";":
+        return word
+    out = []
+    for ch in word:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def render_argv(argv: list[str]) -> str:
+    """argv as one systemd command line (each word quoted only when needed)."""
+    return " ".join(quote_word(str(w)) for w in argv)
+
+
+# --------------------------------------------------------------------------------------------------
+# ExecStart: python / sglang structure
+# --------------------------------------------------------------------------------------------------
+
+_PYTHON_RE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$")
+_NEGATIVE_NUMBER_RE = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+#: Python command-line options that take the next word as their argument.
+_PYTHON_OPTS_WITH_ARG = ("-X", "-W", "--check-hash-based-pycs")
+_ENV_OPTS_WITH_ARG = ("-u", "--unset", "-C", "--chdir", "-S", "--split-string")
+
+
+def is_python(program: str) -> bool:
+    """Whether a program path looks like a Python interpreter (python, python3, python3.11, pypy3)."""
+    return bool(_PYTHON_RE.match(program.rsplit("/", 1)[-1]))
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER_RE.match(word)
+
+
+def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
+    """Parse an SGLang ExecStart into its parts.
+
+    ``value`` is a unit-file ExecStart value (``ExecStart=`` optional, quotes, continuations, prefixes
+    ``@ - : + ! !! |``), the ``{ path=... ; argv[]=... }`` form ``systemctl show`` prints, or an argv list.
+    Returns a dict:
+    - ``prefix``: the systemd special prefix characters (``""`` when none); ``path``: the executable
+      systemd runs (differs from argv[0] only with the ``@`` prefix);
+    - ``argv``: the words; ``launcher``: words before the program (``/usr/bin/env`` and its options and
+      ``NAME=value`` assignments); ``env_assignments``: those assignments as a dict;
+    - ``program``: the word that names the program; ``interpreter``: the same when it is a Python
+      interpreter (``python3``, ``/opt/venv/bin/python``), else None (a console script such as
+      ``/opt/venv/bin/sglang``; the module then reads its ``#!`` line);
+    - ``python_options``: interpreter options before ``-m``/the script (``-u``, ``-X dev``);
+    - ``module`` (``-m X``) or ``script`` (a Python script path); ``kind``: ``module``, ``script``,
+      ``command`` (a non-Python program) or ``interpreter`` (Python with no module or script);
+    - ``args``: positional words before the first flag (``serve`` in ``sglang serve``);
+    - ``flags``: ``{"--flag": value}`` in first-seen order; ``--flag value`` and ``--flag=value`` give a
+      string, a bare flag gives True, a flag followed by several words (argparse ``nargs``) gives a list;
+      a flag given more than once gives the list of its values, one per occurrence, and is named in
+      ``repeated``; ``order``: the flags in the order they occur (repeats included);
+    - ``trailing_args``: the words after a bare ``--``.
+    Raises ValueError for an empty command line, an unterminated quote, several commands.
+    """
+    prefix, path, argv = _exec_words(value)
+    if not argv:
+        raise ValueError("empty ExecStart: no program to run")
+    i = 0
+    launcher: list[str] = []
+    env_assignments: dict[str, str] = {}
+    if argv[0].rsplit("/", 1)[-1] == "env":
+        launcher.append(argv[0])
+        i = 1
+        while i < len(argv):
+            w = argv[i]
+            if w in _ENV_OPTS_WITH_ARG and i + 1 < len(argv):
+                launcher += [w, argv[i + 1]]
+                i += 2
+            elif w.startswith("-"):
+                launcher.append(w)
+                i += 1
+            elif "=" in w:
+                k, v = w.split("=", 1)
+                env_assignments[k] = v
+                launcher.append(w)
+                i += 1
+            else:
+                break
+    if i >= len(argv):
+        raise ValueError(f"ExecStart {render_argv(argv)!r} names no program after {argv[0]}")
+    program = argv[i]
+    i += 1
+    parsed: dict[str, Any] = {
+        "prefix": prefix,
+        "path": path or program,
+        "argv": list(argv),
+        "launcher": launcher,
+        "env_assignments": env_assignments,
+        "program": program,
+        "interpreter": program if is_python(program) else None,
+        "python_options": [],
+        "module": None,
+        "script": None,
+        "kind": "command",
+    }
+    if parsed["interpreter"]:
+        parsed["kind"] = "interpreter"
+        while i < len(argv):
+            w = argv[i]
+            if w == "-m" and i + 1 < len(argv):
+                parsed["module"], parsed["kind"] = argv[i + 1], "module"
+                i += 2
+                break
+            if w.startswith("-m") and len(w) > 2 and not w.startswith("--"):
+                parsed["module"], parsed["kind"] = w[2:], "module"
+                i += 1
+                break
+            if w in _PYTHON_OPTS_WITH_ARG and i + 1 < len(argv):
+                parsed["python_options"] += [w, argv[i + 1]]
+                i += 2
+                continue
+            if w.startswith("-") and w != "-":
+                parsed["python_options"].append(w)
+                i += 1
+                continue
+            parsed["script"], parsed["kind"] = w, "script"
+            i += 1
+            break
+    parsed.update(parse_flags(argv[i:]))
+    return parsed
+
+
+def _exec_words(value: str | list[str]) -> tuple[str, str, list[str]]:
+    """(prefix, path, argv) of an ExecStart value in any of the accepted forms."""
+    if isinstance(value, (list, tuple)):
+        words = [str(w) for w in value]
+        return "", words[0] if words else "", words
+    text = join_continuation_lines(str(value)).strip()
+    text = re.sub(r"^ExecStart\s*=\s*", "", text)
+    if text.startswith("{"):
+        commands = parse_exec_property(text)
+        if len(commands) != 1:
+            raise ValueError(f"expected one command in the ExecStart property, found {len(commands)}")
+        return "", commands[0]["path"], commands[0]["argv"]
+    m = re.match(r"^([" + re.escape(EXEC_PREFIX_CHARS) + r"]*)", text)
+    prefix = m.group(1) if m else ""
+    words = split_command_line(text[len(prefix) :])
+    path = ""
+    if "@" in prefix and words:
+        path, words = words[0], words[1:]
+    return prefix, path, words
+
+
+def parse_flags(words: list[str]) -> dict[str, Any]:
+    """Split the words after the program/module into ``args``, ``flags``, ``order``, ``repeated`` and
+    ``trailing_args`` (see ``parse_exec_start``)."""
+    args: list[str] = []
+    i = 0
+    while i < len(words) and not _is_flag(words[i]):
+        args.append(words[i])
+        i += 1
+    occurrences: list[tuple[str, Any]] = []
+    trailing: list[str] = []
+    while i < len(words):
+        w = words[i]
+        i += 1
+        if w == "--":
+            trailing = words[i:]
+            break
+        if w.startswith("--") and "=" in w:
+            flag, val = w.split("=", 1)
+            occurrences.append((flag, val))
+            continue
+        vals = []
+        while i < len(words) and not _is_flag(words[i]):
+            vals.append(words[i])
+            i += 1
+        occurrences.append((w, True if not vals else vals[0] if len(vals) == 1 else vals))
+    flags: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for flag, val in occurrences:
+        counts[flag] = counts.get(flag, 0) + 1
+        if counts[flag] == 1:
+            flags[flag] = val
+        elif counts[flag] == 2:
+            flags[flag] = [flags[flag], val]
+        else:
+            flags[flag].append(val)
+    return {
+        "args": args,
+        "flags": flags,
+        "order": [f for f, _ in occurrences],
+        "repeated": [f for f, c in counts.items() if c > 1],
+        "trailing_args": trailing,
+    }
+
+
+def _flag_words(flag: str, value: Any) -> list[str]:
+    if value is True:
+        return [flag]
+    if value is False or value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        vals = [str(v) for v in value]
+        if not vals:
+            return [flag]
+        bad = [v for v in vals if _is_flag(v)]
+        if bad:
+            raise ValueError(f"cannot render {flag} with several values when one starts with '-': {bad}")
+        return [flag, *vals]
+    val = str(value)
+    if _is_flag(val) or val == "--":
+        return [f"{flag}={val}"]
+    return [flag, val]
+
+
+def flag_words(flags: dict[str, Any], repeated: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The argv words of a flags dict, in dict order (see ``parse_exec_start`` for value meanings)."""
+    words: list[str] = []
+    for flag, value in flags.items():
+        if flag in repeated and isinstance(value, list):
+            for v in value:
+                words += _flag_words(flag, v)
+        else:
+            words += _flag_words(flag, value)
+    return words
+
+
+def exec_start_argv(parsed: dict[str, Any]) -> list[str]:
+    """The argv a parsed (possibly edited) ExecStart describes.
+
+    Flags come in the order of ``parsed["flags"]``; a flag named in ``repeated`` whose value is a list is
+    written once per value, all together at the flag's first position (``--x a --y --x b`` comes back as
+    ``--x a --x b --y``: the same arguments for argparse). ``--flag=value`` is written ``--flag value``
+    unless the value starts with ``-``.
+    """
+    argv: list[str] = [*parsed.get("launcher", []), parsed["program"]]
+    if parsed.get("interpreter"):
+        argv += parsed.get("python_options", [])
+        if parsed.get("module"):
+            argv += ["-m", parsed["module"]]
+        elif parsed.get("script"):
+            argv.append(parsed["script"])
+    argv += [str(a) for a in parsed.get("args", [])]
+    argv += flag_words(parsed.get("flags", {}), parsed.get("repeated", []))
+    if parsed.get("trailing_args"):
+        argv += ["--", *parsed["trailing_args"]]
+    return argv
+
+
+def render_exec_start(parsed: dict[str, Any], multiline: bool = False, indent: str = "    ") -> str:
+    """The ExecStart value (without ``ExecStart=``) for a parsed, possibly edited, ExecStart.
+
+    ``multiline`` puts every flag with its values on its own continuation line (`` \\`` + newline +
+    ``indent``), the form the sglang_service role templates. ``split_command_line`` reads either form
+    back to ``exec_start_argv(parsed)``; the prefix and, with ``@``, the path are kept.
+    """
+    argv = exec_start_argv(parsed)
+    prefix = parsed.get("prefix", "")
+    head_words = []
+    if "@" in prefix:
+        head_words.append(parsed.get("path") or parsed["program"])
+    if not multiline:
+        return prefix + render_argv(head_words + argv)
+    n_head = len(argv) - len(flag_words(parsed.get("flags", {}), parsed.get("repeated", [])))
+    if parsed.get("trailing_args"):
+        n_head -= len(parsed["trailing_args"]) + 1
+    lines = [prefix + render_argv(head_words + argv[:n_head])]
+    flags = parsed.get("flags", {})
+    repeated = parsed.get("repeated", [])
+    for flag, value in flags.items():
+        values = value if flag in repeated and isinstance(value, list) else [value]
+        for v in values:
+            words = _flag_words(flag, v)
+            if words:
+                lines.append(render_argv(words))
+    if parsed.get("trailing_args"):
+        lines.append(render_argv(["--", *parsed["trailing_args"]]))
+    return (" \\\n" + indent).join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Speculative flags
+# --------------------------------------------------------------------------------------------------
+
+#: A flag is speculative when it starts with this prefix (every option of SGLang's speculative
+#: group does: --speculative-algorithm, -draft-model-path, -num-steps, -eagle-topk, -num-draft-tokens,
+#: -dflash-block-size, -attention-mode, -ngram-*, ... in 0.5.10 to 0.5.23) ...
+SPECULATIVE_FLAG_PREFIX = "--speculative-"
+#: ... or is one of these algorithm-specific switches without the prefix (from the 0.5.23 help:
+#: multi-layer EAGLE, the UNO draft LoRA, the ReplaySSM spec-verify). Deployment-wide options that
+#: merely mention drafts (--decoupled-spec-*, --spec-trace-dir, --enable-draft-weights-cpu-backup,
+#: --decrypted-draft-config-file) are NOT speculative flags here: they are kept.
+ALGORITHM_SPECIFIC_FLAGS = frozenset(
+    {
+        "--enable-multi-layer-eagle",
+        "--uno-lora-path",
+        "--enable-linear-replayssm-spec",
+    }
+)
+
+
+def normalize_flag(name: str) -> str:
+    """``speculative_algorithm`` / ``speculative-algorithm`` / ``--speculative-algorithm`` -> the flag."""
+    name = str(name).strip()
+    if not name:
+        raise ValueError("empty flag name")
+    if name.startswith("-"):
+        return name
+    return "--" + name.replace("_", "-")
+
+
+def is_speculative_flag(flag: str) -> bool:
+    """Whether ``replace_speculative_flags`` drops this flag (see SPECULATIVE_FLAG_PREFIX)."""
+    flag = normalize_flag(flag).split("=", 1)[0]
+    return flag.startswith(SPECULATIVE_FLAG_PREFIX) or flag in ALGORITHM_SPECIFIC_FLAGS
+
+
+def replace_speculative_flags(flags: dict[str, Any], new_spec_flags: dict[str, Any]) -> dict[str, Any]:
+    """A new flags dict: the speculative flags of ``flags`` replaced by ``new_spec_flags``.
+
+    - Every speculative flag (``is_speculative_flag``) of ``flags`` is dropped.
+    - Every other flag is kept, in order, with its value.
+    - ``new_spec_flags`` (keys with or without ``--``, ``_`` or ``-``) are then applied: a key that names
+      a kept flag replaces its value in place (e.g. ``disable-overlap-schedule: true``); a value of None
+      or False removes that flag; the remaining new flags are inserted, in their given order, where the
+      first dropped speculative flag stood (at the end when there was none).
+    Values: True for a bare flag, a list for several values, anything else is written as a string.
+    ``flags`` is not modified.
+    """
+    new_norm: dict[str, Any] = {}
+    for k, v in (new_spec_flags or {}).items():
+        new_norm[normalize_flag(k)] = v
+    kept: list[tuple[str, Any]] = []
+    insert_at = None
+    for flag, value in (flags or {}).items():
+        if is_speculative_flag(flag):
+            if insert_at is None:
+                insert_at = len(kept)
+            continue
+        if flag in new_norm:
+            value = new_norm.pop(flag)
+            if value is None or value is False:
+                continue
+        kept.append((flag, value))
+    added = [(f, v) for f, v in new_norm.items() if v is not None and v is not False]
+    if insert_at is None:
+        insert_at = len(kept)
+    return dict(kept[:insert_at] + added + kept[insert_at:])
+
+
+def speculative_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The speculative flags of a flags dict (what ``replace_speculative_flags`` drops)."""
+    return {f: v for f, v in (flags or {}).items() if is_speculative_flag(f)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Capabilities: the probe's JSON + the parsed help -> the module's result
+# --------------------------------------------------------------------------------------------------
+
+
+def ddtree_supported_spec(probe: dict[str, Any]) -> tuple[str, str]:
+    """(specifier, source) of the SGLang versions DDTree supports.
+
+    The plugin's own declaration (``sglang_ddtree.sglang.versions``, as the probe read it) wins; else
+    the collection's DDTREE_SUPPORTED_SPEC.
+    """
+    declared = (probe.get("ddtree") or {}).get("declared") or {}
+    spec = declared.get("spec")
+    if spec:
+        return str(spec), "sglang_ddtree.sglang.versions"
+    return DDTREE_SUPPORTED_SPEC, "specdec.pivot (plugin range not importable)"
+
+
+def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Turn the probe's JSON (see _sglang_probe.py) and the parsed help into the module's result keys.
+
+    ``help_result`` is ``parse_help_algorithms`` output plus optional ``error``; None when the help was
+    not run. Decides ``plugin_api``, ``ddtree`` {supported, registered, reason, ...} and
+    ``dflash_worker``.
+    """
+    sg = probe.get("sglang") or {}
+    installed = bool(sg.get("installed"))
+    version = sg.get("version")
+    eps = probe.get("entry_points") or []
+    plugin_eps = [ep for ep in eps if ep.get("group", PLUGIN_GROUP) == PLUGIN_GROUP]
+    has_plugins_module = bool(probe.get("plugins_module"))
+    has_register = bool(probe.get("register_api"))
+    plugin_api = {
+        "entry_points": has_plugins_module,
+        "register": has_register,
+        "min_version": PLUGIN_API_MIN_VERSION,
+        "group": PLUGIN_GROUP,
+    }
+    builtin = list(probe.get("builtin_algorithms") or [])
+    plugin_algos = list(probe.get("plugin_algorithms") or [])
+    registered = _unique(builtin + plugin_algos)
+
+    ddt = probe.get("ddtree") or {}
+    spec, spec_source = ddtree_supported_spec(probe)
+    version_ok = None
+    reasons: list[str] = []
+    if not installed:
+        reasons.append("sglang is not installed in this interpreter")
+    elif not version:
+        reasons.append("the sglang version could not be read")
+    else:
+        try:
+            version_ok = version_satisfies(version, spec)
+        except ValueError as exc:
+            reasons.append(f"cannot compare sglang {version} with {spec!r}: {exc}")
+    if installed and not has_plugins_module:
+        reasons.append(f"sglang {version} has no plugin loader (sglang.srt.plugins, since {ENTRY_POINTS_MIN_VERSION})")
+    if installed and not has_register:
+        reasons.append(f"sglang {version} has no SpeculativeAlgorithm.register (since {PLUGIN_API_MIN_VERSION})")
+    if version_ok is False:
+        reasons.append(f"sglang {version} is outside the DDTree range {spec} ({spec_source})")
+    supported = bool(installed and has_plugins_module and has_register and version_ok)
+
+    is_registered = DDTREE_ALGORITHM in plugin_algos and bool(ddt.get("resolves", True))
+    ep = next((e for e in plugin_eps if str(e.get("value", "")).startswith("sglang_ddtree")), None)
+    if supported:
+        if is_registered:
+            reasons.append(f"DDTREE is registered (sglang {version} in {spec})")
+        elif ep is None:
+            reasons.append("the sglang-ddtree plugin is not installed (no sglang.srt.plugins entry point)")
+        elif ep.get("error"):
+            reasons.append(f"the sglang-ddtree plugin failed to load: {ep['error']}")
+        else:
+            reasons.append("the sglang-ddtree entry point ran but DDTREE is not in the registry")
+    ddtree = {
+        "supported": supported,
+        "registered": is_registered,
+        "plugin_installed": bool(ddt.get("installed")),
+        "plugin_version": ddt.get("version"),
+        "entry_point": ep,
+        "supported_range": spec,
+        "range_source": spec_source,
+        "tested_versions": list(ddt.get("declared", {}).get("tested") or DDTREE_TESTED_VERSIONS),
+        "reason": "; ".join(reasons),
+    }
+    help_result = help_result or {}
+    return {
+        "sglang": {
+            "installed": installed,
+            "version": version,
+            "location": sg.get("location"),
+            "error": sg.get("error"),
+        },
+        "python": probe.get("python") or {},
+        "site_packages": probe.get("site_packages") or [],
+        "torch_version": probe.get("torch_version"),
+        "help_algorithms": help_result.get("algorithms")
+        if help_result.get("form") or help_result.get("option_present")
+        else None,
+        "help_form": help_result.get("form"),
+        "help_accepts_registered": help_result.get("accepts_registered"),
+        "builtin_algorithms": builtin,
+        "plugin_algorithms": plugin_algos,
+        "registered_algorithms": registered,
+        "plugins_loaded": plugin_eps,
+        "plugin_api": plugin_api,
+        "dflash_worker": probe.get("dflash_worker") or "none",
+        "ddtree": ddtree,
+        "probe_errors": probe.get("errors") or [],
+    }
