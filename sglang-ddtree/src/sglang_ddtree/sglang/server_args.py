@@ -1,0 +1,267 @@
+"""Server-argument handling for ``--speculative-algorithm DDTREE``.
+
+Equivalent to SGLang's DFLASH handling (``arg_groups/speculative_hook._handle_dflash``) with these differences:
+
+* ``--speculative-num-draft-tokens`` is the verify width ``budget + 1`` (default budget 16, so 17), not the
+  drafter's block size; the block size always comes from the drafter's config (``dflash_config.block_size``
+  or a top-level ``block_size``) and is carried to the worker processes in ``speculative_dflash_block_size``.
+* ``speculative_num_steps`` = block size - 1 (the deepest node a tree can have) and ``speculative_eagle_topk``
+  = ``TREE_TOPK`` (> 1), so SGLang's attention and linear-attention backends take their tree paths (custom
+  mask, ``retrieve_next_token`` / ``retrieve_next_sibling`` parents) and the KV reservation per decode step
+  covers both the drafter block and the tree.
+* configurations DDTREE does not support fail here, at start-up, with a message naming the option.
+
+Only ``getattr``/``setattr`` are used on the object SGLang passes, which is the ``ServerArgs`` itself on 0.5.17
+and a recorder that turns writes into resolution declarations on 0.5.23 (see ``versions.py``). SGLang is
+imported lazily, so this module imports without SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM_NAME = "DDTREE"
+
+#: Default node budget N (draft nodes per tree, the root excluded): --speculative-num-draft-tokens 17.
+DEFAULT_BUDGET = 16
+#: Supported node budgets. The verify pass has budget + 1 tokens per request; 63 keeps it at 64 tokens, the
+#: width up to which the tree mask buffers stay small next to the KV cache.
+MIN_BUDGET = 1
+MAX_BUDGET = 63
+#: speculative_eagle_topk announced to SGLang: any value > 1 switches the backends to tree metadata.
+TREE_TOPK = 2
+#: Target attention backends whose TARGET_VERIFY consumes the full per-request tree mask DDTREE builds
+#: (layout [num_nodes, prefix_len + num_nodes] per request, row-major, requests concatenated): Triton reads
+#: ``spec_info.custom_mask``; FlashInfer reads it through ``DFlashVerifyInput.generate_attn_arg_prefill``.
+SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+#: Drafter attention backends (the drafter pass is DFLASH's, unchanged).
+SUPPORTED_DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "fa4", "trtllm_mha")
+#: Architectures of DFlash drafters.
+DFLASH_DRAFTER_ARCHITECTURES = ("DFlashDraftModel",)
+#: Default max running requests when unset (as DFLASH).
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+__all__ = [
+    "ALGORITHM_NAME",
+    "DEFAULT_BUDGET",
+    "MAX_BUDGET",
+    "MIN_BUDGET",
+    "SUPPORTED_ATTENTION_BACKENDS",
+    "TREE_TOPK",
+    "DDTreeConfigError",
+    "DrafterInfo",
+    "budget_from_num_draft_tokens",
+    "current_block_size",
+    "handle_ddtree_server_args",
+    "read_drafter_info",
+]
+
+
+class DDTreeConfigError(ValueError):
+    """A DDTREE start-up configuration error (a ValueError, like SGLang's own server-arg errors)."""
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    architectures: tuple[str, ...]
+    block_size: int
+
+
+def budget_from_num_draft_tokens(num_draft_tokens: Any) -> int:
+    """The node budget for a ``--speculative-num-draft-tokens`` value (None: the default budget)."""
+    if num_draft_tokens is None:
+        return DEFAULT_BUDGET
+    try:
+        value = int(num_draft_tokens)
+    except (TypeError, ValueError):
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={num_draft_tokens!r} is not an integer; DDTREE takes the node budget "
+            f"plus one, e.g. --speculative-num-draft-tokens {DEFAULT_BUDGET + 1} for the default budget "
+            f"{DEFAULT_BUDGET}"
+        ) from None
+    budget = value - 1
+    if not MIN_BUDGET <= budget <= MAX_BUDGET:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={value} gives a DDTREE node budget of {budget}; DDTREE supports budgets "
+            f"{MIN_BUDGET}..{MAX_BUDGET}, i.e. --speculative-num-draft-tokens {MIN_BUDGET + 1}..{MAX_BUDGET + 1} "
+            f"(budget + 1; default {DEFAULT_BUDGET + 1})"
+        )
+    return budget
+
+
+def _load_draft_hf_config(cfg: Any) -> Any:
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    override = getattr(cfg, "json_model_override_args", None) or "{}"
+    return get_config(
+        cfg.speculative_draft_model_path,
+        trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
+        revision=getattr(cfg, "speculative_draft_model_revision", None),
+        model_override_args=json.loads(override),
+    )
+
+
+def read_drafter_info(cfg: Any) -> DrafterInfo:
+    """Architectures and block size of the drafter at ``cfg.speculative_draft_model_path``; errors if not DFlash."""
+    path = cfg.speculative_draft_model_path
+    try:
+        hf_config = _load_draft_hf_config(cfg)
+    except Exception as exc:
+        raise DDTreeConfigError(
+            f"--speculative-draft-model-path={path!r}: cannot read the drafter's config ({type(exc).__name__}: "
+            f"{exc}); DDTREE needs a DFlash drafter checkpoint (config.json with architectures "
+            f"{list(DFLASH_DRAFTER_ARCHITECTURES)})"
+        ) from exc
+    architectures = tuple(getattr(hf_config, "architectures", None) or ())
+    if not any(arch in DFLASH_DRAFTER_ARCHITECTURES for arch in architectures):
+        raise DDTreeConfigError(
+            f"--speculative-draft-model-path={path!r} is not a DFlash drafter: its config has architectures "
+            f"{list(architectures)}, DDTREE needs one of {list(DFLASH_DRAFTER_ARCHITECTURES)} (an EAGLE/MTP "
+            "drafter or a plain LM does not draft blocks)"
+        )
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    try:
+        block_size = parse_dflash_draft_config(draft_hf_config=hf_config).resolve_block_size(default=None)
+    except Exception as exc:
+        raise DDTreeConfigError(
+            f"--speculative-draft-model-path={path!r}: invalid DFlash config ({exc}); fix the drafter's "
+            "dflash_config"
+        ) from exc
+    if block_size is None:
+        raise DDTreeConfigError(
+            f"--speculative-draft-model-path={path!r}: the DFlash drafter config has no block_size "
+            "(dflash_config.block_size or block_size); DDTREE reads the draft depth from it"
+        )
+    if int(block_size) < 2:
+        raise DDTreeConfigError(
+            f"--speculative-draft-model-path={path!r}: block_size={block_size}; DDTREE needs a drafter block "
+            "size >= 2 (at least one drafted token per block)"
+        )
+    return DrafterInfo(architectures=architectures, block_size=int(block_size))
+
+
+def _backend_pair(cfg: Any) -> tuple[Any, Any]:
+    base = getattr(cfg, "attention_backend", None)
+    prefill = getattr(cfg, "prefill_attention_backend", None) or base
+    decode = getattr(cfg, "decode_attention_backend", None) or base
+    return prefill, decode
+
+
+def handle_ddtree_server_args(cfg: Any) -> None:
+    """Validate and complete the server args for DDTREE in place (see the module docstring). Raises
+    ``DDTreeConfigError`` (a ``ValueError``) naming the option, the bad value and the fix."""
+    from .versions import attn_dp_enabled
+
+    device = str(getattr(cfg, "device", None) or "")
+    if not device.startswith("cuda"):
+        raise DDTreeConfigError(
+            f"--device={device or None!r}: DDTREE speculative decoding runs on CUDA GPUs only (its tree verify uses "
+            "SGLang's CUDA/Triton kernels); pass --device cuda on a host with an NVIDIA GPU"
+        )
+    if getattr(cfg, "speculative_draft_model_path", None) is None:
+        raise DDTreeConfigError(
+            "--speculative-draft-model-path is missing: DDTREE needs a DFlash drafter checkpoint "
+            f"(config architectures {list(DFLASH_DRAFTER_ARCHITECTURES)}), e.g. "
+            "--speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16"
+        )
+    pp_size = int(getattr(cfg, "pp_size", 1) or 1)
+    if pp_size != 1:
+        raise DDTreeConfigError(
+            f"--pp-size={pp_size}: DDTREE does not support pipeline parallelism; use --pp-size 1 (tensor parallel "
+            "--tp-size N is supported)"
+        )
+    if attn_dp_enabled(cfg):
+        raise DDTreeConfigError(
+            "--enable-dp-attention: DDTREE does not support data-parallel attention; drop --enable-dp-attention "
+            "(tensor parallel --tp-size N is supported)"
+        )
+    if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
+        raise DDTreeConfigError(
+            f"--disaggregation-mode={cfg.disaggregation_mode!r}: DDTREE does not support prefill/decode "
+            "disaggregation; drop --disaggregation-mode"
+        )
+    if getattr(cfg, "speculative_draft_window_size", None) is not None:
+        raise DDTreeConfigError(
+            f"--speculative-draft-window-size={cfg.speculative_draft_window_size}: DDTREE does not support the "
+            "compact (windowed) drafter cache; drop --speculative-draft-window-size"
+        )
+    if getattr(cfg, "enable_lora", None) or getattr(cfg, "lora_paths", None):
+        raise DDTreeConfigError("--enable-lora / --lora-paths: DDTREE does not support LoRA adapters; drop them")
+
+    budget = budget_from_num_draft_tokens(getattr(cfg, "speculative_num_draft_tokens", None))
+    drafter = read_drafter_info(cfg)
+    explicit_block = getattr(cfg, "speculative_dflash_block_size", None)
+    if explicit_block is not None and int(explicit_block) != drafter.block_size:
+        raise DDTreeConfigError(
+            f"--speculative-dflash-block-size={explicit_block} differs from the drafter's block_size "
+            f"{drafter.block_size}; DDTREE reads the block size from the drafter config, drop the flag"
+        )
+
+    prefill_backend, decode_backend = _backend_pair(cfg)
+    for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        backend = getattr(cfg, field, None)
+        if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
+            raise DDTreeConfigError(
+                f"--{field.replace('_', '-')}={backend!r}: DDTREE's tree verify needs a target attention backend "
+                f"that applies a full tree mask, one of {list(SUPPORTED_ATTENTION_BACKENDS)}; pass "
+                "--attention-backend triton"
+            )
+    if getattr(cfg, "attention_backend", None) is None and prefill_backend is None and decode_backend is None:
+        # SGLang would pick e.g. fa3 on Hopper, whose tree verify expects EAGLE's mask layout.
+        cfg.attention_backend = SUPPORTED_ATTENTION_BACKENDS[0]
+        logger.info("DDTREE: --attention-backend not set; using %s", SUPPORTED_ATTENTION_BACKENDS[0])
+        prefill_backend = decode_backend = SUPPORTED_ATTENTION_BACKENDS[0]
+
+    draft_backend = getattr(cfg, "speculative_draft_attention_backend", None)
+    if draft_backend is None:
+        draft_backend = prefill_backend
+    if draft_backend not in SUPPORTED_DRAFT_ATTENTION_BACKENDS:
+        raise DDTreeConfigError(
+            f"--speculative-draft-attention-backend={draft_backend!r} is not supported by the DFlash drafter; use "
+            f"one of {list(SUPPORTED_DRAFT_ATTENTION_BACKENDS)}"
+        )
+
+    cfg.speculative_num_draft_tokens = budget + 1
+    cfg.speculative_dflash_block_size = drafter.block_size
+    cfg.speculative_num_steps = drafter.block_size - 1
+    cfg.speculative_eagle_topk = TREE_TOPK
+    cfg.speculative_draft_attention_backend = draft_backend
+    if getattr(cfg, "enable_mixed_chunk", False):
+        cfg.enable_mixed_chunk = False
+        logger.warning("DDTREE: mixed chunked prefill is disabled (tree verify batches are not mixed)")
+    if getattr(cfg, "max_running_requests", None) is None:
+        cfg.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+        logger.warning(
+            "DDTREE: --max-running-requests not set; using %d (as DFLASH)", DEFAULT_MAX_RUNNING_REQUESTS
+        )
+    logger.info(
+        "DDTREE: budget=%d (verify width %d), drafter block_size=%d (max depth %d), attention=%s, draft attention=%s",
+        budget,
+        budget + 1,
+        drafter.block_size,
+        drafter.block_size - 1,
+        prefill_backend,
+        draft_backend,
+    )
+
+
+def current_block_size() -> int | None:
+    """The drafter block size of the running server (``speculative_dflash_block_size`` set above), or None."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        value = get_spec().speculative_dflash_block_size
+    except Exception:
+        try:
+            from sglang.srt.server_args import get_global_server_args
+
+            value = get_global_server_args().speculative_dflash_block_size
+        except Exception:
+            return None
+    return None if value is None else int(value)

@@ -1,0 +1,138 @@
+"""Verify-input construction: from the core's ``DraftTree`` to the arrays SGLang's target verify consumes.
+
+Pure tensor functions (device-agnostic, static shapes, no host synchronisation), tested on CPU against the
+core's tree. Layouts (B requests, N+1 tree nodes per request, node 0 = root = the last verified token):
+
+* ``tokens`` int64 [B*(N+1)]: root token then the tree's tokens, request-major (SGLang's ``draft_token``).
+* ``positions`` int64 [B*(N+1)]: ``prefix_len + depth`` (every node sits right after its ancestors).
+* ``custom_mask`` bool, flat: per request a row-major [N+1, prefix_len + N+1] block (query node i may attend
+  every prefix token and the tree nodes that are its ancestors or itself), requests concatenated. This is the
+  FULL_MASK layout the Triton backend reads for TARGET_VERIFY (``mask_indptr = cumsum((N+1) * (seq_len +
+  N+1))``) and that FlashInfer's DFLASH_VERIFY path (``generate_attn_arg_prefill``) passes on.
+* ``retrieve_index`` int64 [B, N+1]: global row of each node (``b*(N+1) + i``); -1 for padding nodes.
+* ``retrieve_next_token`` / ``retrieve_next_sibling`` int64 [B, N+1]: first child / next sibling (local node
+  indices, -1 if none), EAGLE's layout, which the linear-attention backends turn into per-node parents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TreeVerifyArrays",
+    "build_tree_custom_mask",
+    "build_verify_arrays",
+    "dummy_verify_input_for_capture",
+    "mask_numel",
+]
+
+
+@dataclass(frozen=True)
+class TreeVerifyArrays:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    custom_mask: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    num_nodes: int  # N+1, tokens per request in the verify pass
+
+
+def mask_numel(prefix_lens_sum: int, batch_size: int, num_nodes: int) -> int:
+    """Elements of the flat custom mask: sum_b num_nodes * (prefix_b + num_nodes)."""
+    return num_nodes * int(prefix_lens_sum) + batch_size * num_nodes * num_nodes
+
+
+def build_tree_custom_mask(ancestors: torch.Tensor, prefix_lens: torch.Tensor, prefix_lens_sum: int) -> torch.Tensor:
+    """Flat FULL_MASK-layout tree mask.
+
+    Args:
+        ancestors: bool [B, M, M] ancestor-or-self matrix (M = N+1 nodes).
+        prefix_lens: int [B] committed length of each request (device tensor).
+        prefix_lens_sum: the host-known sum of ``prefix_lens`` (SGLang's ``seq_lens_sum``); sizes the output
+            without reading the device.
+    """
+    bsz, m, _ = ancestors.shape
+    device = ancestors.device
+    prefix = prefix_lens.to(torch.int64)
+    total = mask_numel(prefix_lens_sum, bsz, m)
+    row_len = prefix + m  # [B]
+    sizes = m * row_len
+    ends = torch.cumsum(sizes, dim=0)
+    starts = ends - sizes
+    flat = torch.arange(total, device=device, dtype=torch.int64)
+    req = torch.searchsorted(ends, flat, right=True).clamp(max=bsz - 1)
+    local = flat - starts[req]
+    row_len_r = row_len[req]
+    query = local // row_len_r
+    col = local % row_len_r
+    prefix_r = prefix[req]
+    in_tree = col >= prefix_r
+    key = (col - prefix_r).clamp(min=0)
+    tree_allowed = ancestors.reshape(-1)[(req * m + query.clamp(max=m - 1)) * m + key.clamp(max=m - 1)]
+    return torch.where(in_tree, tree_allowed, torch.ones_like(in_tree))
+
+
+def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch.Tensor,
+                        prefix_lens_sum: int) -> TreeVerifyArrays:
+    """All verify arrays for a batch of trees (``tree``: the core's ``DraftTree``).
+
+    Args:
+        tree: ``sglang_ddtree.tree.DraftTree`` with B rows and budget N.
+        root_tokens: int [B] the last verified token of each request (the previous round's bonus token).
+        prefix_lens: int [B] committed sequence lengths (positions of the roots).
+        prefix_lens_sum: host-known sum of ``prefix_lens``.
+    """
+    bsz = tree.tokens.shape[0]
+    m = tree.tokens.shape[1] + 1
+    device = tree.tokens.device
+    tokens = torch.cat([root_tokens.to(torch.int64).view(bsz, 1), tree.tokens.to(torch.int64)], dim=1)
+    positions = prefix_lens.to(torch.int64).view(bsz, 1) + tree.positions.to(torch.int64)
+    node = torch.arange(m, device=device, dtype=torch.int64)
+    global_row = torch.arange(bsz, device=device, dtype=torch.int64).view(bsz, 1) * m + node.view(1, m)
+    valid = node.view(1, m) < tree.num_nodes.view(bsz, 1)
+    retrieve_index = torch.where(valid, global_row, -1)
+    return TreeVerifyArrays(
+        tokens=tokens.reshape(-1),
+        positions=positions.reshape(-1),
+        custom_mask=build_tree_custom_mask(tree.ancestors, prefix_lens, prefix_lens_sum),
+        retrieve_index=retrieve_index,
+        retrieve_next_token=tree.first_child.to(torch.int64),
+        retrieve_next_sibling=tree.next_sibling.to(torch.int64),
+        num_nodes=m,
+    )
+
+
+def dummy_verify_input_for_capture(*, custom_mask: Any, num_tokens_per_req: int, is_draft_worker: bool):
+    """The verify input SGLang's CUDA-graph capture uses for DDTREE (see ``hooks.create_dummy_verify_input_hook``).
+
+    The target's capture gets the capture buffer as its custom mask (so the captured graph reads the mask) and
+    tree metadata; the drafter's capture is DFLASH's (a plain block, no mask).
+    """
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    from .server_args import TREE_TOPK
+
+    if is_draft_worker:
+        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+        return DFlashVerifyInput(
+            draft_token=None,
+            positions=None,
+            draft_token_num=int(num_tokens_per_req),
+            custom_mask=None,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+    from .verify_spec_input import DDTreeVerifyInput
+
+    return DDTreeVerifyInput(
+        draft_token=None,
+        positions=None,
+        draft_token_num=int(num_tokens_per_req),
+        topk=TREE_TOPK,
+        custom_mask=custom_mask,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+    )

@@ -1,0 +1,176 @@
+"""Entry point, registration through SGLang's load_plugins(), the spec class, unsupported versions."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+import pytest
+
+
+def test_entry_point_is_declared_in_sglang_plugin_group():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    ours = [ep for ep in eps if ep.name == "ddtree"]
+    assert len(ours) == 1
+    assert ours[0].value == "sglang_ddtree.sglang:register"
+    assert ours[0].load().__module__ == "sglang_ddtree.sglang"
+
+
+def test_load_plugins_registers_ddtree(plugins_loaded):
+    import sglang_ddtree.sglang as plugin
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang_ddtree.sglang.spec_algo import DDTreeSpecAlgo
+
+    assert plugin.last_status in ("registered", "already-registered")
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    assert isinstance(algo, DDTreeSpecAlgo)
+    assert SpeculativeAlgorithm.from_string("ddtree") is algo
+    assert algo.name == "DDTREE"
+    assert algo.supports_overlap is True
+
+
+def test_ddtree_is_dflash_family_where_sglang_asks(plugins_loaded):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    assert algo.is_dflash() and algo.is_dflash_family() and algo.supports_target_verify_for_draft()
+    assert not algo.is_eagle() and not algo.is_none() and algo.is_speculative() and algo.is_some()
+    assert algo.need_topk() is False and algo.carries_draft_hidden_states() is False
+    assert algo.get_platform_worker_cls() is None
+    # the target verifies budget+1 nodes; the drafter's TARGET_VERIFY width is the block size (from server args)
+    assert algo.get_num_tokens_per_req_for_target_verify(17, False) == 17
+
+
+def test_spec_class_has_every_predicate_and_method_of_the_builtin_enum(plugins_loaded):
+    """SGLang calls these on whatever from_string returns; a missing one is an AttributeError at run time."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    enum_methods = {
+        name
+        for name, value in vars(SpeculativeAlgorithm).items()
+        if callable(value) and not name.startswith("_") and name not in ("from_string", "register")
+    }
+    missing = sorted(name for name in enum_methods if not callable(getattr(algo, name, None)))
+    assert missing == []
+
+
+def test_builtin_names_still_resolve_to_builtins(plugins_loaded):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    assert SpeculativeAlgorithm.from_string("DFLASH") is SpeculativeAlgorithm.DFLASH
+    assert SpeculativeAlgorithm.from_string("EAGLE") is SpeculativeAlgorithm.EAGLE
+    with pytest.raises(ValueError, match="Unknown speculative algorithm"):
+        SpeculativeAlgorithm.from_string("DDTREE_TYPO")
+
+
+def test_hooks_are_applied_and_act_for_ddtree_only(plugins_loaded):
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative import spec_utils
+    from sglang_ddtree.sglang.hooks import spec_need_hidden_states_hook
+
+    assert hasattr(spec_utils.spec_need_hidden_states, "__wrapped__")  # HookRegistry wrapped it
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append(args)
+        return "original"
+
+    dflash = SimpleNamespace(speculative_algorithm="DFLASH")
+    ddtree = SimpleNamespace(speculative_algorithm="DDTREE")
+    assert spec_need_hidden_states_hook(original, dflash) == "original"
+    assert spec_need_hidden_states_hook(original, ddtree) is False
+    assert len(calls) == 1
+
+
+def _dummy_args(spec_algorithm, mask, width):
+    """Positional arguments of create_dummy_verify_input for the installed version."""
+    import inspect
+
+    from sglang.srt.speculative import spec_info
+
+    params = list(inspect.signature(spec_info.create_dummy_verify_input.__wrapped__).parameters)
+    if "server_args" in params:  # 0.5.17
+        return (spec_algorithm, None, mask, width, False)
+    return (spec_algorithm, mask, width, False)  # 0.5.23
+
+
+def test_create_dummy_verify_input_hook_passes_dflash_through(plugins_loaded):
+    import torch
+    from sglang.srt.speculative import spec_info
+    from sglang_ddtree.sglang.hooks import create_dummy_verify_input_hook
+
+    assert hasattr(spec_info.create_dummy_verify_input, "__wrapped__")  # HookRegistry wrapped it
+    seen = []
+
+    def original(*args, **kwargs):
+        seen.append((args, kwargs))
+        return "sglang's dummy"
+
+    args = _dummy_args(spec_info.SpeculativeAlgorithm.DFLASH, torch.ones(4, dtype=torch.bool), 4)
+    assert create_dummy_verify_input_hook(original, *args) == "sglang's dummy"
+    assert seen == [(args, {})]
+
+
+def test_create_dummy_verify_input_for_ddtree_carries_mask_and_tree_topk(plugins_loaded):
+    import torch
+    from sglang.srt.speculative import spec_info
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm, SpecInputType
+    from sglang_ddtree.sglang.server_args import TREE_TOPK
+    from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
+
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    mask = torch.ones(64, dtype=torch.bool)
+    dummy = spec_info.create_dummy_verify_input(*_dummy_args(algo, mask, 17))  # through SGLang's patched function
+    assert isinstance(dummy, DDTreeVerifyInput)
+    assert dummy.custom_mask is mask and dummy.topk == TREE_TOPK and dummy.topk > 1
+    assert dummy.draft_token_num == 17 and dummy.spec_input_type == SpecInputType.DFLASH_VERIFY
+
+
+def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, caplog):
+    import sglang_ddtree.sglang as plugin
+    from sglang.srt.speculative import spec_registry
+
+    monkeypatch.setattr(spec_registry, "_REGISTRY", {})
+    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.5.12")
+    with caplog.at_level(logging.INFO, logger="sglang_ddtree"):
+        plugin.register()
+    assert spec_registry.get_spec("DDTREE") is None
+    records = [r for r in caplog.records if r.name.startswith("sglang_ddtree")]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert "0.5.12" in records[0].getMessage() and "0.5.17" in records[0].getMessage()
+    assert plugin.last_status.startswith("skipped")
+
+
+def test_register_never_raises(monkeypatch, caplog):
+    import sglang_ddtree.sglang as plugin
+    from sglang.srt.speculative import spec_registry
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("registry exploded")
+
+    monkeypatch.setattr(spec_registry, "_REGISTRY", {})
+    monkeypatch.setattr(SpeculativeAlgorithm, "register", classmethod(boom), raising=False)
+    with caplog.at_level(logging.ERROR, logger="sglang_ddtree"):
+        plugin.register()  # must not raise
+    assert plugin.last_status.startswith("failed") and "registry exploded" in plugin.last_status
+    assert spec_registry.get_spec("DDTREE") is None
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [("0.5.16", False), ("0.5.17", True), ("0.5.17.post1", True), ("0.5.20", True), ("0.5.23", True),
+     ("0.5.24", False), ("0.6.0", False), ("0.4.9", False), ("garbage", False)],
+)
+def test_supported_range_is_the_declared_closed_interval(version, supported):
+    from sglang_ddtree.sglang.versions import unsupported_reason
+
+    assert (unsupported_reason(version) is None) is supported
+
+
+def test_installed_sglang_is_supported():
+    from sglang_ddtree.sglang.versions import installed_sglang_version, unsupported_reason
+
+    assert unsupported_reason(installed_sglang_version()) is None
