@@ -224,15 +224,26 @@ def dflash_drafter_check(
 
 
 def ddtree_argv(argv: Sequence[str], drafter_path: str, budget: int, extra_args: Sequence[str] = ()) -> list[str]:
-    """The old ExecStart argv with every speculative flag replaced by the DDTREE ones, ``extra_args`` appended."""
+    """The old ExecStart argv with every speculative flag replaced by the DDTREE ones, ``extra_args`` appended.
+
+    Parsing and flag replacement are module_utils._sglang's (``parse_exec_start``, ``replace_speculative_flags``,
+    ``exec_start_argv``), the same code sglang_capabilities uses: the new flags go where the first old
+    speculative flag stood; interpreter, module, model, TP, mem fraction, context length, host and port stay.
+    """
     if _sglang is None:  # pragma: no cover
         raise AnsibleFilterError("ddtree_argv needs specdec.pivot's module_utils (_sglang) on the collection path")
     if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
         raise AnsibleFilterError(f"ddtree_argv expects the old ExecStart as a non-empty argv list, got {argv!r}")
     if not _is_int(budget) or budget < 1:
         raise AnsibleFilterError(f"ddtree_argv: budget must be a positive integer, got {budget!r}")
-    new = _sglang.replace_speculative_flags(list(argv), ddtree_flags(drafter_path, budget))
-    return [*list(new), *[str(x) for x in extra_args]]
+    try:
+        parsed = _sglang.parse_exec_start([str(w) for w in argv])
+        new_spec = dict(zip(*[iter(ddtree_flags(drafter_path, budget))] * 2, strict=True))
+        parsed["flags"] = _sglang.replace_speculative_flags(parsed["flags"], new_spec)
+        new = _sglang.exec_start_argv(parsed)
+    except ValueError as exc:
+        raise AnsibleFilterError(f"ddtree_argv: cannot rewrite ExecStart {list(argv)!r}: {exc}") from exc
+    return [*new, *[str(x) for x in extra_args]]
 
 
 def ddtree_flags(drafter_path: str, budget: int) -> list[str]:
