@@ -1,0 +1,345 @@
+"""specdec.pivot.gpu_memory run for real: the module file executes as its own process through AnsibleModule
+(arguments as Ansible passes them, JSON on the command line), finds ``nvidia-smi`` on PATH - the stand-in that
+replays recorded outputs (lab/stand-ins/nvidia-smi), since this machine has no GPU - and tries NVML through the
+real pynvml first."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
+    attach_processes,
+    parse_query_compute_apps,
+    parse_query_gpu,
+)
+
+REPO = Path(__file__).resolve().parents[4]
+FIX = REPO / "tests" / "unit" / "fixtures"
+SMI = FIX / "nvidia_smi"
+MODELS = FIX / "models"
+STAND_IN = REPO / "lab" / "stand-ins" / "nvidia-smi"
+MODULE = "ansible_collections.specdec.pivot.plugins.modules.gpu_memory"
+COLLECTIONS_ROOT = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0]).parent
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def fixture_text(path: Path) -> str:
+    lines = path.read_text().splitlines(keepends=True)
+    while lines and lines[0].startswith("#fixture:"):
+        lines.pop(0)
+    return "".join(lines)
+
+
+def recorded_gpus(recording: Path) -> list[dict]:
+    gpus = parse_query_gpu(fixture_text(recording / "query-gpu.out"))
+    return attach_processes(gpus, parse_query_compute_apps(fixture_text(recording / "query-compute-apps.out")))
+
+
+@pytest.fixture
+def run_module(tmp_path):
+    """Run the module with ``args``; the stand-in is ``nvidia-smi`` on PATH unless ``standin`` is False."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").symlink_to(STAND_IN)
+
+    def run(
+        args: dict,
+        recording: Path | None = SMI / "h200x2" / "busy",
+        mode: str = "replay",
+        standin: bool = True,
+        check_mode: bool = False,
+        extra_env: dict | None = None,
+    ) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_SMI_STANDIN", "ANSIBLE_"))}
+        env["PATH"] = f"{bindir}{os.pathsep}{SYSTEM_PATH}" if standin else SYSTEM_PATH
+        env["PYTHONPATH"] = str(COLLECTIONS_ROOT)
+        env["NVIDIA_SMI_STANDIN_MODE"] = mode
+        if recording is not None:
+            env["NVIDIA_SMI_STANDIN_DIR"] = str(recording)
+        env.update(extra_env or {})
+        payload = dict(args)
+        if check_mode:
+            payload["_ansible_check_mode"] = True
+        argfile = tmp_path / "args.json"
+        argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
+        proc = subprocess.run(
+            [sys.executable, "-m", MODULE, str(argfile)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        try:
+            result = json.loads(proc.stdout)
+        except ValueError as err:
+            raise AssertionError(
+                f"module printed no JSON: rc={proc.returncode} {proc.stdout!r} {proc.stderr!r}"
+            ) from err
+        assert (proc.returncode != 0) == bool(result.get("failed")), (proc.returncode, result)
+        return result
+
+    return run
+
+
+def sparse_model(tmp_path: Path, fixture: str, **sizes: int) -> str:
+    dest = tmp_path / fixture
+    dest.mkdir()
+    for src in (MODELS / fixture).iterdir():
+        (dest / src.name).write_bytes(src.read_bytes())
+    for name, size in sizes.items():
+        with open(dest / name, "wb") as fh:
+            fh.truncate(size)
+    return str(dest)
+
+
+# --------------------------------------------------------------------------------------------- listing
+
+
+@pytest.mark.parametrize("recording", ["h200/idle", "h200/busy", "h200x2/busy"])
+def test_lists_the_recorded_gpus_through_the_stand_in(run_module, recording):
+    result = run_module({}, SMI / recording)
+    assert not result.get("failed"), result
+    assert result["changed"] is False
+    assert result["gpus"] == recorded_gpus(SMI / recording)
+    assert result["gpu_count"] == len(result["gpus"])
+    assert result["backend_used"] == "nvidia-smi"
+
+
+def test_auto_backend_falls_back_from_real_nvml_to_nvidia_smi(run_module):
+    """pynvml is importable in the venv; nvmlInit fails for real (no driver), so auto must use nvidia-smi."""
+    result = run_module({"backend": "auto"})
+    assert result["backend_used"] == "nvidia-smi"
+    assert result["gpu_count"] == 2
+    assert any("NVML not used" in note and "fell back to nvidia-smi" in note for note in result["backend_notes"])
+
+
+def test_nvml_backend_fails_clearly_without_a_driver(run_module):
+    result = run_module({"backend": "nvml"})
+    assert result["failed"] is True
+    assert result["error_kind"] == "no_gpu"
+    assert "NVML" in result["msg"]
+
+
+def test_nvidia_smi_backend_does_not_try_nvml(run_module):
+    result = run_module({"backend": "nvidia-smi"})
+    assert result["backend_used"] == "nvidia-smi"
+    assert result["backend_notes"] == []
+
+
+def test_check_mode_returns_the_same_data(run_module):
+    normal = run_module(
+        {"fit": {"target_model_path": str(MODELS / "qwen3-8b"), "mem_fraction": 0.8, "context_length": 8192}}
+    )
+    checked = run_module(
+        {"fit": {"target_model_path": str(MODELS / "qwen3-8b"), "mem_fraction": 0.8, "context_length": 8192}},
+        check_mode=True,
+    )
+    assert checked["changed"] is False
+    assert checked["gpus"] == normal["gpus"]
+    assert checked["fit"] == normal["fit"]
+
+
+def test_explicit_nvidia_smi_path(run_module, tmp_path):
+    result = run_module({"nvidia_smi": str(STAND_IN)}, standin=False)
+    assert result["gpus"] == recorded_gpus(SMI / "h200x2" / "busy")
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+def test_hang_is_killed_and_reported_as_timeout(run_module, tmp_path):
+    pidfile = tmp_path / "standin.pids"
+    result = run_module(
+        {"timeout": 2, "backend": "nvidia-smi"}, mode="hang", extra_env={"NVIDIA_SMI_STANDIN_PIDFILE": str(pidfile)}
+    )
+    assert result["failed"] is True
+    assert result["error_kind"] == "timeout"
+    assert "did not answer within 2 s" in result["msg"]
+    for pid in pidfile.read_text().split():
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+
+
+def test_no_nvidia_smi_at_all_is_no_gpu(run_module):
+    for directory in [*SYSTEM_PATH.split(os.pathsep), "/sbin", "/usr/sbin", "/usr/local/sbin"]:
+        assert not os.path.exists(os.path.join(directory, "nvidia-smi")), "this test needs a host without nvidia-smi"
+    result = run_module({}, standin=False)
+    assert result["failed"] is True
+    assert result["error_kind"] == "no_gpu"
+    assert result["msg"].startswith("no NVIDIA GPU")
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "words"),
+    [
+        ("no-devices", "no_devices", "No devices were found"),
+        ("driver-mismatch", "driver_mismatch", "driver/library version mismatch"),
+        ("no-driver", "no_gpu", "could not communicate with the NVIDIA driver"),
+    ],
+)
+def test_nvidia_smi_failures(run_module, mode, kind, words):
+    result = run_module({}, mode=mode)
+    assert result["failed"] is True
+    assert result["error_kind"] == kind
+    assert words in result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("fit", "words"),
+    [
+        pytest.param(
+            {"mem_fraction": 1.5}, ["fit.mem_fraction=1.5", "between 0 and 1", "e.g. 0.85"], id="mem_fraction-1.5"
+        ),
+        pytest.param({"tp_size": 3}, ["fit.tp_size=3", "num_attention_heads=32"], id="tp-not-dividing-heads"),
+        pytest.param(
+            {"tp_size": 2, "gpu_indices": [0, 7]},
+            ["fit.gpu_indices=[0, 7]", "[7] are not present", "present are [0, 1]"],
+            id="gpu-not-present",
+        ),
+        pytest.param({"tp_size": 4}, ["fit.tp_size=4", "needs 4 GPUs but this host has 2"], id="too-few-gpus"),
+        pytest.param({"context_length": 0}, ["fit.context_length=0"], id="context-zero"),
+        pytest.param(
+            {"target_model_path": "/nonexistent/model"},
+            ["fit.target_model_path='/nonexistent/model'", "not a directory"],
+            id="no-such-dir",
+        ),
+    ],
+)
+def test_bad_fit_input_names_option_value_and_fix(run_module, fit, words):
+    args = {"target_model_path": str(MODELS / "qwen3-8b"), "mem_fraction": 0.85, "context_length": 8192, **fit}
+    result = run_module({"fit": args})
+    assert result["failed"] is True
+    for word in words:
+        assert word in result["msg"], result["msg"]
+
+
+def test_missing_config_json(run_module, tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    result = run_module({"fit": {"target_model_path": str(empty), "mem_fraction": 0.85, "context_length": 8}})
+    assert result["failed"] is True
+    assert f"fit.target_model_path='{empty}'" in result["msg"]
+    assert "has no config.json" in result["msg"]
+
+
+def test_bad_input_fails_before_querying_gpus(run_module, tmp_path):
+    pidfile = tmp_path / "pids"
+    result = run_module(
+        {"fit": {"target_model_path": str(MODELS / "qwen3-8b"), "mem_fraction": 2.0, "context_length": 8}},
+        extra_env={"NVIDIA_SMI_STANDIN_PIDFILE": str(pidfile)},
+    )
+    assert result["failed"] is True and "fit.mem_fraction=2.0" in result["msg"]
+    assert not pidfile.exists()  # nvidia-smi was never run
+
+
+def test_argument_spec_rejects_unknown_dtype(run_module):
+    result = run_module(
+        {
+            "fit": {
+                "target_model_path": str(MODELS / "qwen3-8b"),
+                "mem_fraction": 0.5,
+                "context_length": 8,
+                "kv_cache_dtype": "int3",
+            }
+        }
+    )
+    assert result["failed"] is True
+    assert "kv_cache_dtype" in result["msg"] and "int3" in result["msg"]
+
+
+def test_non_positive_timeout_is_refused(run_module):
+    result = run_module({"timeout": 0})
+    assert result["failed"] is True
+    assert "timeout=0.0" in result["msg"] and "positive" in result["msg"]
+
+
+# --------------------------------------------------------------------------------------------- fit
+
+
+def test_fit_tp2_with_drafter(run_module, tmp_path):
+    draft = sparse_model(tmp_path, "qwen3-8b-dflash-b16", **{"model.safetensors": 2_097_252_864})
+    result = run_module(
+        {
+            "fit": {
+                "target_model_path": str(MODELS / "qwen3-8b"),
+                "draft_model_path": draft,
+                "tp_size": 2,
+                "gpu_indices": [0, 1],
+                "mem_fraction": 0.85,
+                "context_length": 32768,
+            }
+        }
+    )
+    fit = result["fit"]
+    assert fit["fits"] is True
+    assert fit["gpu_indices"] == [0, 1]
+    assert fit["weights_bytes_total"] == 16_381_470_720
+    assert fit["weights_bytes_per_gpu"] == 16_381_470_720 // 2
+    assert fit["draft_bytes"] == 2_097_252_864
+    assert fit["kv_bytes_per_token"] == (4 * 256 * 36 + 4 * 256 * 5) * 2
+    gpus = recorded_gpus(SMI / "h200x2" / "busy")
+    assert fit["free_bytes_per_gpu"] == [g["memory_free_mib"] << 20 for g in gpus]
+    assert len(fit["budget_bytes_per_gpu"]) == 2
+    assert fit["min_kv_tokens_needed"] == 32768
+
+
+def test_hybrid_fit_counts_full_attention_layers_only(run_module):
+    result = run_module(
+        {
+            "fit": {
+                "target_model_path": str(MODELS / "qwen3.6-27b-like"),
+                "tp_size": 2,
+                "mem_fraction": 0.85,
+                "context_length": 262144,
+            }
+        }
+    )
+    fit = result["fit"]
+    assert (fit["full_attention_layers"], fit["linear_attention_layers"]) == (16, 48)
+    assert fit["kv_bytes_per_token"] == 2 * 512 * 16 * 2
+
+
+@pytest.mark.parametrize("fail_on_no_fit", [False, True])
+def test_no_fit_reports_or_fails(run_module, fail_on_no_fit):
+    result = run_module(
+        {
+            "fail_on_no_fit": fail_on_no_fit,
+            "fit": {"target_model_path": str(MODELS / "qwen3.6-27b-like"), "mem_fraction": 0.2, "context_length": 4096},
+        }
+    )
+    assert result["fit"]["fits"] is False
+    assert "weights alone" in result["fit"]["reason"]
+    assert bool(result.get("failed")) is fail_on_no_fit
+    if fail_on_no_fit:
+        assert result["msg"] == result["fit"]["reason"]
+
+
+def test_reason_names_the_holder_and_assume_freed_pids_lets_it_fit(run_module):
+    """GPU 0 of the busy recording has memory in use; pick a context that fits only on the idle GPU. The reason
+    names the processes nvidia-smi listed (or says none is listed, as inside another PID namespace)."""
+    gpus = recorded_gpus(SMI / "h200x2" / "busy")
+    holders = gpus[0]["compute_processes"]
+    fit_args = {"target_model_path": str(MODELS / "qwen3.6-27b-like"), "gpu_indices": [0], "mem_fraction": 0.85}
+    probe = run_module({"fit": {**fit_args, "context_length": 1}})["fit"]["per_gpu"][0]
+    assert probe["kv_tokens"] < probe["kv_tokens_if_idle"], "the busy recording must have memory in use on GPU 0"
+    context = (probe["kv_tokens"] + probe["kv_tokens_if_idle"]) // 2
+    result = run_module({"fit": {**fit_args, "context_length": context}})
+    reason = result["fit"]["reason"]
+    assert result["fit"]["fits"] is False
+    assert "stop those processes first" in reason
+    if not holders:
+        assert "no compute process is listed" in reason
+        return
+    for proc in holders:
+        assert f"pid {proc['pid']} ({proc['name']}" in reason
+    freed = run_module(
+        {"fit": {**fit_args, "context_length": context, "assume_freed_pids": [p["pid"] for p in holders]}}
+    )
+    assert freed["fit"]["fits"] is True
