@@ -426,7 +426,7 @@ def read_process(pid: int) -> ProcInfo | None:
 def _safe(getter, default):
     try:
         return getter()
-    except (psutil.AccessDenied, KeyError):
+    except (psutil.AccessDenied, psutil.ZombieProcess, KeyError):
         return default
 
 

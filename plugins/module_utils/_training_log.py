@@ -18,9 +18,10 @@ import time
 # ``step 5380``, ``Step: 5380/10000``, ``global_step=5380``, ``[step 5380]``; not ``steps 5`` or ``stepping``.
 DEFAULT_STEP_REGEX = r"(?i)(?<![a-z])step(?![a-z])[\s:=#_]*(\d+)"
 # ``19.5K tok/s``, ``19500 tokens/s``, ``1,234 tok/sec``, ``tok/s: 19.5K``, ``tokens/s=2.1M``.
-# The value is the first group that holds a number, its unit suffix (K/M/G, optional) the group after it.
+# The value is the first group that holds a number, its unit suffix (K/M/G, optional) the group after it. A unit
+# followed by ``=`` or ``:`` is a label (``0.87 tokens/sec=2.1M`` is 2.1M, not 0.87).
 DEFAULT_THROUGHPUT_REGEX = (
-    r"(?i)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*([kmg]?)\s*tok(?:en)?s?\s*/\s*s(?:ec(?:ond)?)?(?![a-z])"
+    r"(?i)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*([kmg]?)\s*tok(?:en)?s?\s*/\s*s(?:ec(?:ond)?)?(?![a-z])(?!\s*[:=])"
     r"|tok(?:en)?s?\s*/\s*s(?:ec(?:ond)?)?(?![a-z])\s*[:=]?\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s*([kmg]?)"
 )
 # ``loss 1.234``, ``loss=2.1e-02``, ``train_loss: 0.98``, ``loss nan``; the first loss of a line wins.

@@ -133,7 +133,7 @@ options:
       - Regular expression for the step number; its first group that matched is the step. The newest line
         that matches gives RV(log.last_step) and RV(log.line).
     type: str
-    default: '(?i)(?<![a-z])step(?![a-z])[\s:=#_]*(\d+)'
+    default: "(?i)(?<![a-z])step(?![a-z])[\\s:=#_]*(\\d+)"
   throughput_regex:
     description:
       - Regular expression for the throughput. The first group that holds a number is the value; the group
@@ -141,15 +141,15 @@ options:
       - The default reads C(19.5K tok/s), C(19500 tokens/s), C(1,234 tok/sec) and C(tok/s= 19.5K).
     type: str
     default: "(?i)(\\d{1,3}(?:,\\d{3})+(?:\\.\\d+)?|\\d+(?:\\.\\d+)?)\\s*([kmg]?)\\s*tok(?:en)?s?\\s*/\\s*s(?:ec(?\
-      :ond)?)?(?![a-z])|tok(?:en)?s?\\s*/\\s*s(?:ec(?:ond)?)?(?![a-z])\\s*[:=]?\\s*(\\d{1,3}(?:,\\d{3})+(?\
-      :\\.\\d+)?|\\d+(?:\\.\\d+)?)\\s*([kmg]?)"
+      :ond)?)?(?![a-z])(?!\\s*[:=])|tok(?:en)?s?\\s*/\\s*s(?:ec(?:ond)?)?(?![a-z])\\s*[:=]?\\s*(\\d{1,3}(?\
+      :,\\d{3})+(?:\\.\\d+)?|\\d+(?:\\.\\d+)?)\\s*([kmg]?)"
   loss_regex:
     description:
       - Regular expression for the loss; its first group that matched is the value. The first loss of the
         newest line that has one wins. C(nan) and C(inf) are returned as RV(log.loss_text) with RV(log.loss)
         null.
     type: str
-    default: '(?i)(?<![a-z])loss(?![a-z])[\s:=]*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|[-+]?inf)'
+    default: "(?i)(?<![a-z])loss(?![a-z])[\\s:=]*([-+]?(?:\\d+(?:\\.\\d*)?|\\.\\d+)(?:e[-+]?\\d+)?|nan|[-+]?inf)"
   checkpoint_dir:
     description:
       - Directory holding the run's checkpoints; the newest entry matching O(checkpoint_glob) (by

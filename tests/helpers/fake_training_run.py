@@ -20,7 +20,9 @@ Options:
     --log-interval S         seconds per step (default 0.05)
     --launcher-term MODE     launcher's SIGTERM behaviour: forward (default; like torchrun: forward to the
                              workers and wait for them), exit (exit at once, orphaning the workers),
-                             ignore (ignore SIGTERM; needs SIGKILL)
+                             ignore (ignore SIGTERM; needs SIGKILL), restart (ignore SIGTERM and
+                             restart a worker that died, up to --max-restarts times, like an elastic agent)
+    --max-restarts N         restarts allowed with --launcher-term restart (default 1)
     --ready-file PATH        the launcher writes {"launcher": pid, "workers": [{rank, pid}]} there once every
                              worker has installed its signal handling (tests wait for it instead of sleeping)
 
@@ -68,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-delay", type=float, default=0.1)
     parser.add_argument("--log", default="")
     parser.add_argument("--log-interval", type=float, default=0.05)
-    parser.add_argument("--launcher-term", choices=["forward", "exit", "ignore"], default="forward")
+    parser.add_argument("--launcher-term", choices=["forward", "exit", "ignore", "restart"], default="forward")
+    parser.add_argument("--max-restarts", type=int, default=1)
     parser.add_argument("--ready-file", default="")
     return parser
 
@@ -119,25 +122,31 @@ def run_launcher(args: argparse.Namespace) -> int:
         worker_args += ["--checkpoint-dir", args.checkpoint_dir]
     if args.log:
         worker_args += ["--log", args.log]
-    workers = []
-    forwarded = {"done": False}
+    alive: dict = {}  # pid -> (rank, Popen); reaped with os.wait() below
+    state = {"forwarded": False, "restarts": 0}
 
     def forward(signum, frame):
-        if forwarded["done"]:
+        if state["forwarded"]:
             return
-        forwarded["done"] = True
-        for proc in workers:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        state["forwarded"] = True
+        for pid in list(alive):
+            try:
+                os.kill(pid, signum)  # our own unreaped child: the pid cannot have been reused
+            except ProcessLookupError:
+                pass
 
-    if args.launcher_term == "ignore":
+    if args.launcher_term in ("ignore", "restart"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif args.launcher_term == "forward":
         signal.signal(signal.SIGTERM, forward)
     # "exit": default action, the launcher dies and orphans its workers
 
-    for rank in range(args.nproc_per_node):
-        workers.append(subprocess.Popen([*worker_args, "--rank", str(rank)], stdout=subprocess.PIPE, text=True))
+    def spawn(rank: int) -> subprocess.Popen:
+        proc = subprocess.Popen([*worker_args, "--rank", str(rank)], stdout=subprocess.PIPE, text=True)
+        alive[proc.pid] = (rank, proc)
+        return proc
+
+    workers = [spawn(rank) for rank in range(args.nproc_per_node)]
     ready = []
     for rank, proc in enumerate(workers):
         line = proc.stdout.readline()
@@ -152,8 +161,17 @@ def run_launcher(args: argparse.Namespace) -> int:
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump({"launcher": os.getpid(), "workers": ready}, handle)
         os.replace(tmp, args.ready_file)
-    codes = [proc.wait() for proc in workers]  # like torchrun: stay until every worker is gone
-    return 143 if forwarded["done"] else max(codes, default=0)
+    code = 0
+    while alive:  # like torchrun: stay until every worker is gone
+        pid, status = os.wait()
+        if pid not in alive:
+            continue
+        rank, _proc = alive.pop(pid)
+        code = max(code, os.waitstatus_to_exitcode(status) if status else 0)
+        if args.launcher_term == "restart" and state["restarts"] < args.max_restarts:
+            state["restarts"] += 1  # an elastic restart: a fresh worker with a new pid takes the rank over
+            spawn(rank)
+    return 143 if state["forwarded"] else code
 
 
 def main(argv: list | None = None) -> int:
@@ -199,6 +217,12 @@ class FakeRun:
     def cleanup(self) -> None:
         import psutil
 
+        try:  # workers restarted after start() are descendants of our launcher, so ours as well
+            if self.popen.poll() is None:
+                known = {h.pid for h in self.handles}
+                self.handles += [c for c in self.handles[0].children(recursive=True) if c.pid not in known]
+        except psutil.NoSuchProcess:
+            pass
         for handle in self.handles[1:]:
             try:
                 handle.kill()  # psutil refuses (NoSuchProcess) when the pid now belongs to someone else
@@ -222,6 +246,7 @@ def start(
     ignore_term: tuple = (),
     checkpoint_rank: int | None = None,
     launcher_term: str = "forward",
+    max_restarts: int = 1,
     log_interval: float = 0.05,
     checkpoint_delay: float = 0.1,
     ready_timeout: float = 30.0,
@@ -238,6 +263,7 @@ def start(
     cmd = [
         sys.executable, os.path.abspath(__file__), launcher, "--token", token, "--nproc-per-node", str(nproc),
         "--ignore-term", ",".join(str(r) for r in ignore_term), "--launcher-term", launcher_term,
+        "--max-restarts", str(max_restarts),
         "--log", str(log_path), "--log-interval", str(log_interval), "--ready-file", str(ready_file),
         "--checkpoint-dir", str(checkpoint_dir), "--checkpoint-delay", str(checkpoint_delay),
     ]
