@@ -552,9 +552,16 @@ def quote_word(word: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def render_argv(argv: list[str]) -> str:
-    """argv as one systemd command line (each word quoted only when needed)."""
-    return " ".join(quote_word(str(w)) for w in argv)
+def render_argv(argv: list[str], escape_percent: bool = False) -> str:
+    """argv as one systemd command line (each word quoted only when needed).
+
+    ``escape_percent`` writes ``%`` as ``%%``: needed when the words are final values (from
+    ``systemctl show`` or an argv list) going into a unit file, where ``%`` starts a specifier.
+    """
+    words = [str(w) for w in argv]
+    if escape_percent:
+        words = [w.replace("%", "%%") for w in words]
+    return " ".join(quote_word(w) for w in words)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -598,10 +605,15 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
       string, a bare flag gives True, a flag followed by several words (argparse ``nargs``) gives a list;
       a flag given more than once gives the list of its values, one per occurrence, and is named in
       ``repeated``; ``order``: the flags in the order they occur (repeats included);
-    - ``trailing_args``: the words after a bare ``--``.
+    - ``trailing_args``: the words after a bare ``--``;
+    - ``source``: ``unit_file`` (text as written in a unit file: ``%`` specifiers not yet expanded),
+      ``systemctl_show`` (the ``{ argv[]=... }`` form) or ``argv`` (a list; taken to be what systemctl
+      show reports, i.e. specifiers already expanded). ``render_exec_start`` uses it to decide whether a
+      ``%`` must be written ``%%``. ``$VAR`` is never expanded by systemd before ExecStart runs, so it
+      stays as it is in every source.
     Raises ValueError for an empty command line, an unterminated quote, several commands.
     """
-    prefix, path, argv = _exec_words(value)
+    prefix, path, argv, source = _exec_words(value)
     if not argv:
         raise ValueError("empty ExecStart: no program to run")
     i = 0
@@ -641,6 +653,7 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
         "module": None,
         "script": None,
         "kind": "command",
+        "source": source,
     }
     if parsed["interpreter"]:
         parsed["kind"] = "interpreter"
@@ -669,25 +682,25 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
     return parsed
 
 
-def _exec_words(value: str | list[str]) -> tuple[str, str, list[str]]:
-    """(prefix, path, argv) of an ExecStart value in any of the accepted forms."""
+def _exec_words(value: str | list[str]) -> tuple[str, str, list[str], str]:
+    """(prefix, path, argv, source) of an ExecStart value in any of the accepted forms."""
     if isinstance(value, (list, tuple)):
         words = [str(w) for w in value]
-        return "", words[0] if words else "", words
+        return "", words[0] if words else "", words, "argv"
     text = join_continuation_lines(str(value)).strip()
     text = re.sub(r"^ExecStart\s*=\s*", "", text)
     if text.startswith("{"):
         commands = parse_exec_property(text)
         if len(commands) != 1:
             raise ValueError(f"expected one command in the ExecStart property, found {len(commands)}")
-        return "", commands[0]["path"], commands[0]["argv"]
+        return "", commands[0]["path"], commands[0]["argv"], "systemctl_show"
     m = re.match(r"^([" + re.escape(EXEC_PREFIX_CHARS) + r"]*)", text)
     prefix = m.group(1) if m else ""
     words = split_command_line(text[len(prefix) :])
     path = ""
     if "@" in prefix and words:
         path, words = words[0], words[1:]
-    return prefix, path, words
+    return prefix, path, words, "unit_file"
 
 
 def parse_flags(words: list[str]) -> dict[str, Any]:
@@ -765,57 +778,59 @@ def flag_words(flags: dict[str, Any], repeated: list[str] | tuple[str, ...] = ()
     return words
 
 
+def _head_words(parsed: dict[str, Any]) -> list[str]:
+    words: list[str] = [*parsed.get("launcher", []), parsed["program"]]
+    if parsed.get("interpreter"):
+        words += parsed.get("python_options", [])
+        if parsed.get("module"):
+            words += ["-m", parsed["module"]]
+        elif parsed.get("script"):
+            words.append(parsed["script"])
+    return words + [str(a) for a in parsed.get("args", [])]
+
+
 def exec_start_argv(parsed: dict[str, Any]) -> list[str]:
     """The argv a parsed (possibly edited) ExecStart describes.
 
     Flags come in the order of ``parsed["flags"]``; a flag named in ``repeated`` whose value is a list is
     written once per value, all together at the flag's first position (``--x a --y --x b`` comes back as
     ``--x a --x b --y``: the same arguments for argparse). ``--flag=value`` is written ``--flag value``
-    unless the value starts with ``-``.
+    unless the value starts with ``-``. A flag whose value is None or False is left out.
     """
-    argv: list[str] = [*parsed.get("launcher", []), parsed["program"]]
-    if parsed.get("interpreter"):
-        argv += parsed.get("python_options", [])
-        if parsed.get("module"):
-            argv += ["-m", parsed["module"]]
-        elif parsed.get("script"):
-            argv.append(parsed["script"])
-    argv += [str(a) for a in parsed.get("args", [])]
-    argv += flag_words(parsed.get("flags", {}), parsed.get("repeated", []))
+    argv = _head_words(parsed) + flag_words(parsed.get("flags", {}), parsed.get("repeated", []))
     if parsed.get("trailing_args"):
         argv += ["--", *parsed["trailing_args"]]
     return argv
 
 
-def render_exec_start(parsed: dict[str, Any], multiline: bool = False, indent: str = "    ") -> str:
+def render_exec_start(
+    parsed: dict[str, Any], multiline: bool = False, indent: str = "    ", escape_percent: bool | None = None
+) -> str:
     """The ExecStart value (without ``ExecStart=``) for a parsed, possibly edited, ExecStart.
 
     ``multiline`` puts every flag with its values on its own continuation line (`` \\`` + newline +
-    ``indent``), the form the sglang_service role templates. ``split_command_line`` reads either form
-    back to ``exec_start_argv(parsed)``; the prefix and, with ``@``, the path are kept.
+    ``indent``), the form the sglang_service role templates. The prefix and, with ``@``, the path are
+    kept. ``escape_percent`` (default: True unless ``parsed["source"]`` is ``unit_file``) writes ``%`` as
+    ``%%`` so systemd does not read it as a specifier. ``parse_exec_start`` of the result gives back
+    ``exec_start_argv(parsed)`` (with ``%%`` where ``%`` was escaped).
     """
-    argv = exec_start_argv(parsed)
+    if escape_percent is None:
+        escape_percent = parsed.get("source", "unit_file") != "unit_file"
     prefix = parsed.get("prefix", "")
-    head_words = []
+    head = _head_words(parsed)
     if "@" in prefix:
-        head_words.append(parsed.get("path") or parsed["program"])
-    if not multiline:
-        return prefix + render_argv(head_words + argv)
-    n_head = len(argv) - len(flag_words(parsed.get("flags", {}), parsed.get("repeated", [])))
-    if parsed.get("trailing_args"):
-        n_head -= len(parsed["trailing_args"]) + 1
-    lines = [prefix + render_argv(head_words + argv[:n_head])]
-    flags = parsed.get("flags", {})
+        head = [parsed.get("path") or parsed["program"], *head]
+    groups = [head]
     repeated = parsed.get("repeated", [])
-    for flag, value in flags.items():
+    for flag, value in parsed.get("flags", {}).items():
         values = value if flag in repeated and isinstance(value, list) else [value]
-        for v in values:
-            words = _flag_words(flag, v)
-            if words:
-                lines.append(render_argv(words))
+        groups += [w for w in (_flag_words(flag, v) for v in values) if w]
     if parsed.get("trailing_args"):
-        lines.append(render_argv(["--", *parsed["trailing_args"]]))
-    return (" \\\n" + indent).join(lines)
+        groups.append(["--", *parsed["trailing_args"]])
+    if not multiline:
+        groups = [[w for g in groups for w in g]]
+    lines = [render_argv(g, escape_percent) for g in groups]
+    return prefix + (" \\\n" + indent).join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -901,70 +916,95 @@ def speculative_flags(flags: dict[str, Any]) -> dict[str, Any]:
 def ddtree_supported_spec(probe: dict[str, Any]) -> tuple[str, str]:
     """(specifier, source) of the SGLang versions DDTree supports.
 
-    The plugin's own declaration (``sglang_ddtree.sglang.versions``, as the probe read it) wins; else
-    the collection's DDTREE_SUPPORTED_SPEC.
+    The plugin's own declaration (``sglang_ddtree.sglang.versions`` MIN_SGLANG/MAX_SGLANG, inclusive, as
+    the probe read it in the target interpreter) wins; else the collection's DDTREE_SUPPORTED_SPEC.
     """
     declared = (probe.get("ddtree") or {}).get("declared") or {}
     spec = declared.get("spec")
     if spec:
         return str(spec), "sglang_ddtree.sglang.versions"
-    return DDTREE_SUPPORTED_SPEC, "specdec.pivot (plugin range not importable)"
+    return DDTREE_SUPPORTED_SPEC, "specdec.pivot (the plugin's sglang_ddtree.sglang.versions is not importable)"
+
+
+def _ddtree_version_check(probe: dict[str, Any], version: str, spec: str) -> tuple[bool | None, str | None]:
+    """(version in range, reason when not). The plugin's own ``unsupported_reason`` decides when the probe
+    could call it (it compares major.minor.patch, so 0.5.23.post1 counts as 0.5.23); else ``spec``."""
+    declared = (probe.get("ddtree") or {}).get("declared") or {}
+    if declared.get("has_unsupported_reason"):
+        reason = declared.get("unsupported_reason")
+        return reason is None, (f"{reason} (sglang_ddtree.sglang.versions)" if reason else None)
+    try:
+        ok = version_satisfies(version, spec)
+    except ValueError as exc:
+        return None, f"cannot compare sglang {version} with {spec!r}: {exc}"
+    return ok, None if ok else f"sglang {version} is outside the DDTree range {spec}"
 
 
 def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | None = None) -> dict[str, Any]:
     """Turn the probe's JSON (see _sglang_probe.py) and the parsed help into the module's result keys.
 
-    ``help_result`` is ``parse_help_algorithms`` output plus optional ``error``; None when the help was
-    not run. Decides ``plugin_api``, ``ddtree`` {supported, registered, reason, ...} and
-    ``dflash_worker``.
+    ``help_result``: ``parse_help_algorithms`` output of a help run that worked, or ``{"error": "..."}``,
+    or None when the help was not run.
+
+    Decisions:
+    - ``plugin_api``: ``entry_points`` = ``sglang.srt.plugins.load_plugins`` exists (0.5.11+),
+      ``register`` = ``SpeculativeAlgorithm.register`` exists (0.5.12+), ``available`` = both.
+    - ``ddtree.supported`` = sglang installed and importable, plugin API available, a DFlashWorkerV2
+      (which DDTree builds on) present, and the version in the supported range (``ddtree_supported_spec``).
+    - ``ddtree.registered`` = ``DDTREE`` is in SGLang's plugin registry after ``load_plugins()`` and
+      ``SpeculativeAlgorithm.from_string("DDTREE")`` resolves.
+    - ``ddtree.reason``: why it is not supported, or why it is supported but not registered (plugin not
+      installed, failed to load, skipped), or that it is registered.
     """
     sg = probe.get("sglang") or {}
     installed = bool(sg.get("installed"))
     version = sg.get("version")
-    eps = probe.get("entry_points") or []
-    plugin_eps = [ep for ep in eps if ep.get("group", PLUGIN_GROUP) == PLUGIN_GROUP]
-    has_plugins_module = bool(probe.get("plugins_module"))
+    plugin_eps = [ep for ep in probe.get("entry_points") or [] if ep.get("group", PLUGIN_GROUP) == PLUGIN_GROUP]
+    has_loader = bool(probe.get("plugins_module"))
     has_register = bool(probe.get("register_api"))
-    plugin_api = {
-        "entry_points": has_plugins_module,
-        "register": has_register,
-        "min_version": PLUGIN_API_MIN_VERSION,
-        "group": PLUGIN_GROUP,
-    }
+    worker = probe.get("dflash_worker") or "none"
     builtin = list(probe.get("builtin_algorithms") or [])
     plugin_algos = list(probe.get("plugin_algorithms") or [])
-    registered = _unique(builtin + plugin_algos)
-
     ddt = probe.get("ddtree") or {}
+    declared = ddt.get("declared") or {}
     spec, spec_source = ddtree_supported_spec(probe)
-    version_ok = None
+
     reasons: list[str] = []
+    version_ok: bool | None = None
     if not installed:
         reasons.append("sglang is not installed in this interpreter")
+    elif sg.get("error"):
+        reasons.append(sg["error"])
     elif not version:
         reasons.append("the sglang version could not be read")
     else:
-        try:
-            version_ok = version_satisfies(version, spec)
-        except ValueError as exc:
-            reasons.append(f"cannot compare sglang {version} with {spec!r}: {exc}")
-    if installed and not has_plugins_module:
-        reasons.append(f"sglang {version} has no plugin loader (sglang.srt.plugins, since {ENTRY_POINTS_MIN_VERSION})")
-    if installed and not has_register:
-        reasons.append(f"sglang {version} has no SpeculativeAlgorithm.register (since {PLUGIN_API_MIN_VERSION})")
-    if version_ok is False:
-        reasons.append(f"sglang {version} is outside the DDTree range {spec} ({spec_source})")
-    supported = bool(installed and has_plugins_module and has_register and version_ok)
+        version_ok, why = _ddtree_version_check(probe, version, spec)
+        if not has_loader:
+            reasons.append(
+                f"sglang {version} has no plugin loader (sglang.srt.plugins.load_plugins, "
+                f"since {ENTRY_POINTS_MIN_VERSION})"
+            )
+        if not has_register:
+            reasons.append(f"sglang {version} has no SpeculativeAlgorithm.register (since {PLUGIN_API_MIN_VERSION})")
+        if worker != "v2":
+            reasons.append(f"sglang {version} has no DFlashWorkerV2 (dflash_worker: {worker}), which DDTree builds on")
+        if why:
+            reasons.append(why)
+    supported = bool(
+        installed and not sg.get("error") and has_loader and has_register and worker == "v2" and version_ok
+    )
 
-    is_registered = DDTREE_ALGORITHM in plugin_algos and bool(ddt.get("resolves", True))
+    is_registered = DDTREE_ALGORITHM in plugin_algos and bool(ddt.get("resolves"))
     ep = next((e for e in plugin_eps if str(e.get("value", "")).startswith("sglang_ddtree")), None)
-    if supported:
-        if is_registered:
-            reasons.append(f"DDTREE is registered (sglang {version} in {spec})")
-        elif ep is None:
+    if is_registered:
+        reasons.append(f"DDTREE is registered (sglang {version}, sglang-ddtree {ddt.get('version')})")
+    elif supported:
+        if ep is None:
             reasons.append("the sglang-ddtree plugin is not installed (no sglang.srt.plugins entry point)")
         elif ep.get("error"):
-            reasons.append(f"the sglang-ddtree plugin failed to load: {ep['error']}")
+            reasons.append(f"the sglang-ddtree plugin failed: {ep['error']}")
+        elif ddt.get("last_status") and ddt["last_status"] != "registered":
+            reasons.append(f"the sglang-ddtree plugin did not register DDTREE: {ddt['last_status']}")
         else:
             reasons.append("the sglang-ddtree entry point ran but DDTREE is not in the registry")
     ddtree = {
@@ -972,13 +1012,15 @@ def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | 
         "registered": is_registered,
         "plugin_installed": bool(ddt.get("installed")),
         "plugin_version": ddt.get("version"),
+        "plugin_status": ddt.get("last_status"),
         "entry_point": ep,
         "supported_range": spec,
+        "range_text": declared.get("range_text"),
         "range_source": spec_source,
-        "tested_versions": list(ddt.get("declared", {}).get("tested") or DDTREE_TESTED_VERSIONS),
+        "tested_versions": list(declared.get("tested") or DDTREE_TESTED_VERSIONS),
         "reason": "; ".join(reasons),
     }
-    help_result = help_result or {}
+    ran_help = bool(help_result) and "error" not in help_result
     return {
         "sglang": {
             "installed": installed,
@@ -989,17 +1031,22 @@ def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | 
         "python": probe.get("python") or {},
         "site_packages": probe.get("site_packages") or [],
         "torch_version": probe.get("torch_version"),
-        "help_algorithms": help_result.get("algorithms")
-        if help_result.get("form") or help_result.get("option_present")
-        else None,
-        "help_form": help_result.get("form"),
-        "help_accepts_registered": help_result.get("accepts_registered"),
+        "help_algorithms": list(help_result["algorithms"]) if ran_help else None,
+        "help_form": help_result.get("form") if ran_help else None,
+        "help_accepts_registered": bool(help_result.get("accepts_registered")) if ran_help else None,
+        "help_error": help_result.get("error") if help_result and not ran_help else None,
         "builtin_algorithms": builtin,
         "plugin_algorithms": plugin_algos,
-        "registered_algorithms": registered,
+        "registered_algorithms": _unique(builtin + plugin_algos),
         "plugins_loaded": plugin_eps,
-        "plugin_api": plugin_api,
-        "dflash_worker": probe.get("dflash_worker") or "none",
+        "plugin_api": {
+            "entry_points": has_loader,
+            "register": has_register,
+            "available": has_loader and has_register,
+            "min_version": PLUGIN_API_MIN_VERSION,
+            "group": PLUGIN_GROUP,
+        },
+        "dflash_worker": worker,
         "ddtree": ddtree,
         "probe_errors": probe.get("errors") or [],
     }

@@ -1,0 +1,656 @@
+#!/usr/bin/python
+# Copyright: specdec.pivot contributors
+# Apache License 2.0 (see galaxy.yml)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_capabilities
+short_description: Report what an SGLang environment can do for speculative decoding (read-only)
+version_added: "0.1.0"
+description:
+  - Runs a short probe script in the Python interpreter of an SGLang environment and reports the SGLang
+    version, the interpreter, its site-packages, the torch version, the speculative algorithms SGLang's
+    own help lists, the algorithms registered after SGLang's C(load_plugins()) ran, the plugin entry points
+    seen, whether SGLang has the plugin API, which DFLASH worker it ships, and whether the DDTree plugin
+    (sglang-ddtree) is supported and registered there.
+  - The interpreter is given with O(python), or taken from a systemd unit (O(unit)) - the first word of its
+    ExecStart that is a Python interpreter (C(/opt/venv/bin/python3), C(/usr/bin/env python3) resolved on the
+    unit's PATH), or the C(#!) line of a console script such as C(/opt/venv/bin/sglang). With O(unit) the probe
+    runs with the unit's C(Environment=) and C(EnvironmentFile=) values, in its C(WorkingDirectory=), and as its
+    C(User=) (see O(run_as_unit_user)), so it sees what the service sees (including C(SGLANG_PLUGINS)).
+  - The probe imports sglang, calls C(sglang.srt.plugins.load_plugins()) (SGLang 0.5.11+) while recording
+    each plugin's fate from SGLang's own log records, lists C(SpeculativeAlgorithm) members and the plugin
+    registry, checks C(SpeculativeAlgorithm.register) (0.5.12+), and finds the DFLASH worker by module spec
+    (C(dflash_worker_v2) = v2, C(dflash_worker) = v1) without importing it. It never fails on an old SGLang: what
+    is missing is reported as false/none.
+  - With O(help=true) it also runs C(python -m sglang.launch_server --help) (a few seconds) and reads the
+    C(--speculative-algorithm) choices in both forms SGLang has printed - the argparse list
+    C({DFLASH,EAGLE,...}) (0.5.10, 0.5.11, no plugin can add a name) and the free text
+    C(Builtins: ... Or any name registered via SpeculativeAlgorithm.register) (0.5.12+).
+  - With O(unit) it also returns the unit's ExecStart parsed into interpreter, module, flags and leftover
+    arguments (RV(exec_start_parsed)) and, with O(speculative_flags), the ExecStart with every speculative flag
+    replaced (RV(exec_start_new)), computed by the same code the roles use.
+  - Read-only. An interpreter without sglang is a result (RV(sglang.installed=false)), not a failure; assert on
+    it where SGLang is required.
+author:
+  - specdec.pivot maintainers (@specdec)
+requirements:
+  - Python 3.8 or later in the probed interpreter.
+  - C(systemctl) on the target when O(unit) is used.
+options:
+  python:
+    description:
+      - Path of the Python interpreter of the SGLang environment, for example C(/opt/sglang/.venv/bin/python).
+      - Exactly one of O(python) and O(unit) is required.
+    type: path
+  unit:
+    description:
+      - A systemd unit that runs SGLang, for example C(sglang.service). Its ExecStart, Environment,
+        EnvironmentFiles, User, Group, WorkingDirectory and FragmentPath are read with C(systemctl show), and the
+        interpreter is derived from ExecStart.
+      - Exactly one of O(python) and O(unit) is required.
+    type: str
+  environment:
+    description:
+      - Extra environment variables for the probe and the help run. They override the unit's.
+    type: dict
+    default: {}
+  timeout:
+    description:
+      - Seconds the probe and, separately, the help run may take before they are killed (needs C(timeout) from
+        coreutils on the target; without it there is no limit and a warning says so).
+    type: int
+    default: 120
+  help:
+    description:
+      - Also run C(python -m sglang.launch_server --help) and return the algorithms it lists (RV(help_algorithms)).
+        Takes a few seconds. A help run that fails is reported in RV(help_error), not as a task failure.
+    type: bool
+    default: true
+  run_as_unit_user:
+    description:
+      - With O(unit) and a unit C(User=) other than root, run the probe and the help as that user (through
+        C(setpriv), else C(runuser)) when the module runs as root. When it does not run as root, the commands
+        run as the connecting user and a warning says so.
+    type: bool
+    default: true
+  speculative_flags:
+    description:
+      - With O(unit), the speculative flags the service should run with instead of its current ones, as
+        C(flag: value) (keys with or without C(--), C(_) or C(-); C(true) for a bare flag, a list for several
+        values, C(null) or C(false) to remove a flag).
+      - Every C(--speculative-*) flag of the current ExecStart (and C(--enable-multi-layer-eagle),
+        C(--uno-lora-path), C(--enable-linear-replayssm-spec)) is dropped, every other flag is kept in order, and
+        the new flags go where the first old speculative flag stood. A key naming a kept flag replaces its value
+        in place. The result is RV(exec_start_new); nothing is written.
+    type: dict
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Read-only; check mode runs the same probe and returns the same data.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+    details:
+      - Nothing changes, so there is no diff; RV(exec_start_new) shows a proposed ExecStart.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+notes:
+  - ExecStart is read from C(systemctl show), whose C(argv[]) has C(%) specifiers already expanded; the rendered
+    RV(exec_start_new.value) therefore writes a literal C(%) as C(%%). C($VAR) references are kept as written.
+  - The module parses ExecStart in the C({ path=... ; argv[]=... }) form systemctl prints. A unit with several
+    ExecStart commands is reported through the first one, with a warning.
+seealso:
+  - module: specdec.pivot.gpu_memory
+  - module: specdec.pivot.training_process
+"""
+
+EXAMPLES = r"""
+- name: What can the SGLang of this unit do?
+  specdec.pivot.sglang_capabilities:
+    unit: sglang.service
+  register: caps
+
+- name: Require the plugin API before installing sglang-ddtree
+  ansible.builtin.assert:
+    that:
+      - caps.sglang.installed
+      - caps.plugin_api.available
+    fail_msg: "SGLang {{ caps.sglang.version }} has no plugin API (needs >= {{ caps.plugin_api.min_version }})"
+
+- name: Probe an interpreter directly, without the help run
+  specdec.pivot.sglang_capabilities:
+    python: /opt/sglang/.venv/bin/python
+    help: false
+    environment:
+      SGLANG_PLUGINS: ddtree
+
+- name: Compute the ExecStart for DDTree (nothing is changed)
+  specdec.pivot.sglang_capabilities:
+    unit: sglang.service
+    help: false
+    speculative_flags:
+      speculative-algorithm: DDTREE
+      speculative-draft-model-path: /root/models/Qwen3.6-27B-DFlash
+      speculative-num-draft-tokens: 17
+  register: caps
+
+- name: Show it
+  ansible.builtin.debug:
+    msg: "{{ caps.exec_start_new.multiline }}"
+"""
+
+RETURN = r"""
+sglang:
+  description: SGLang in the probed interpreter.
+  returned: always
+  type: dict
+  contains:
+    installed:
+      description: Whether the C(sglang) package is importable (found by C(importlib.util.find_spec)).
+      type: bool
+    version:
+      description: Its version from the distribution metadata, or null.
+      type: str
+      sample: 0.5.23
+    location:
+      description: The package directory.
+      type: str
+    error:
+      description: Why C(import sglang) failed when it is installed but broken, else null.
+      type: str
+python:
+  description: The probed interpreter, as it reports itself.
+  returned: always
+  type: dict
+  contains:
+    path:
+      description: C(sys.executable).
+      type: str
+    version:
+      description: C(platform.python_version()).
+      type: str
+      sample: 3.11.7
+    requested:
+      description: The path the module ran (from O(python) or derived from the unit).
+      type: str
+    source:
+      description: Where the interpreter came from (C(python option), C(unit ExecStart), C(#! line of ...)).
+      type: str
+    prefix:
+      description: C(sys.prefix).
+      type: str
+    in_venv:
+      description: Whether it is a virtual environment's interpreter.
+      type: bool
+site_packages:
+  description: The interpreter's site-packages directories (purelib first).
+  returned: always
+  type: list
+  elements: str
+torch_version:
+  description: The installed torch version (distribution metadata), or null.
+  returned: always
+  type: str
+  sample: 2.13.0+cpu
+help_algorithms:
+  description: The speculative algorithms C(launch_server --help) lists; null when the help was not run or failed.
+  returned: always
+  type: list
+  elements: str
+  sample: [EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO]
+help_form:
+  description:
+    - C(choices) for argparse's static list (no plugin can add a name), C(free_text) for the
+      C(Builtins... or any name registered) form, null when not run or not found.
+  returned: always
+  type: str
+help_accepts_registered:
+  description: Whether the help says registered names are accepted; null when the help was not run.
+  returned: always
+  type: bool
+help_error:
+  description: Why the help run failed (the last line of its error output), else null.
+  returned: always
+  type: str
+builtin_algorithms:
+  description:
+    - C(SpeculativeAlgorithm) members (without NONE) plus reserved aliases such as NEXTN where SGLang lists them.
+  returned: always
+  type: list
+  elements: str
+plugin_algorithms:
+  description: Names in SGLang's plugin registry after C(load_plugins()) (0.5.12+), e.g. C(DDTREE).
+  returned: always
+  type: list
+  elements: str
+registered_algorithms:
+  description: Every name C(--speculative-algorithm) accepts in this interpreter, builtins then plugin ones.
+  returned: always
+  type: list
+  elements: str
+plugins_loaded:
+  description:
+    - Entry points of group C(sglang.srt.plugins) (name, value, dist, dist_version) with what C(load_plugins())
+      did with each (C(loaded), C(executed): true/false/null, C(error)).
+  returned: always
+  type: list
+  elements: dict
+plugin_api:
+  description: SGLang's plugin API.
+  returned: always
+  type: dict
+  contains:
+    entry_points:
+      description: C(sglang.srt.plugins.load_plugins) exists (entry-point group C(sglang.srt.plugins), 0.5.11+).
+      type: bool
+    register:
+      description: C(SpeculativeAlgorithm.register) exists (0.5.12+).
+      type: bool
+    available:
+      description: Both; a plugin can add a speculative algorithm.
+      type: bool
+    min_version:
+      description: The first SGLang release with both.
+      type: str
+      sample: 0.5.12
+    group:
+      description: The entry-point group.
+      type: str
+dflash_worker:
+  description: C(v2) (dflash_worker_v2.py), C(v1) (dflash_worker.py) or C(none).
+  returned: always
+  type: str
+ddtree:
+  description: The DDTree plugin in this environment.
+  returned: always
+  type: dict
+  contains:
+    supported:
+      description: SGLang is importable, has the plugin API and DFlashWorkerV2, and its version is in range.
+      type: bool
+    registered:
+      description:
+        - DDTREE is in the registry after C(load_plugins()) and C(SpeculativeAlgorithm.from_string) resolves it.
+      type: bool
+    plugin_installed:
+      description: The C(sglang_ddtree) package is importable.
+      type: bool
+    plugin_version:
+      description: sglang-ddtree's version, or null.
+      type: str
+    plugin_status:
+      description: The plugin's own C(last_status) after C(load_plugins()) (C(registered), C(skipped... )), or null.
+      type: str
+    entry_point:
+      description: The sglang-ddtree entry of RV(plugins_loaded), or null.
+      type: dict
+    supported_range:
+      description: The supported SGLang versions as a specifier.
+      type: str
+      sample: ">=0.5.17,<=0.5.23"
+    range_text:
+      description: The plugin's own wording of the range, or null.
+      type: str
+    range_source:
+      description: C(sglang_ddtree.sglang.versions) when the plugin declared the range, else the collection's fallback.
+      type: str
+    tested_versions:
+      description: SGLang versions DDTree was tested with.
+      type: list
+      elements: str
+    reason:
+      description: Why it is not supported or not registered, or that it is registered.
+      type: str
+probe_errors:
+  description: Steps of the probe that failed (old or broken SGLang), one line each.
+  returned: always
+  type: list
+  elements: str
+unit:
+  description: The unit's facts.
+  returned: when O(unit) is given
+  type: dict
+  contains:
+    name:
+      description: The unit's id.
+      type: str
+    fragment_path:
+      description: The unit file.
+      type: str
+    exec_start:
+      description: ExecStart's argv as one command line, each word quoted for systemd where needed.
+      type: str
+    argv:
+      description: ExecStart's argv.
+      type: list
+      elements: str
+    environment:
+      description: C(Environment=) values.
+      type: dict
+    environment_files:
+      description: C(EnvironmentFile=) paths with C(ignore_errors).
+      type: list
+      elements: dict
+    user:
+      description: C(User=), empty for root.
+      type: str
+    group:
+      description: C(Group=).
+      type: str
+    working_directory:
+      description: C(WorkingDirectory=) without its C(-) prefix.
+      type: str
+    active_state:
+      description: C(ActiveState).
+      type: str
+    main_pid:
+      description: C(MainPID), 0 when not running.
+      type: int
+exec_start_parsed:
+  description:
+    - The unit's ExecStart parsed (module_utils C(_sglang.parse_exec_start)) - C(interpreter), C(module) (for
+      C(-m X)) or C(script), C(python_options), C(args) (positional words before the first flag), C(flags)
+      (C(--flag value) gives the value, a bare flag true, several values or a repeated flag a list), C(order)
+      (flags as they occur), C(repeated), C(trailing_args), C(launcher), C(env_assignments), C(program), C(kind).
+  returned: when O(unit) is given
+  type: dict
+exec_start_new:
+  description: The ExecStart with the speculative flags replaced by O(speculative_flags). Nothing is written.
+  returned: when O(unit) and O(speculative_flags) are given
+  type: dict
+  contains:
+    argv:
+      description: The new argv.
+      type: list
+      elements: str
+    value:
+      description: The new ExecStart value on one line (for C(ExecStart=)).
+      type: str
+    multiline:
+      description: The same with one flag per continuation line.
+      type: str
+    flags:
+      description: The new flags.
+      type: dict
+    removed:
+      description: The speculative flags that were dropped, with their old values.
+      type: dict
+    differs:
+      description: Whether the new argv differs from the current one.
+      type: bool
+"""
+
+import grp
+import os
+import pwd
+import shlex
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.specdec.pivot.plugins.module_utils import _sglang
+from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import PROBE_SOURCE, parse_probe_output
+
+ARGUMENT_SPEC = dict(
+    python=dict(type="path"),
+    unit=dict(type="str"),
+    environment=dict(type="dict", default={}),
+    timeout=dict(type="int", default=120),
+    help=dict(type="bool", default=True),
+    run_as_unit_user=dict(type="bool", default=True),
+    speculative_flags=dict(type="dict"),
+)
+
+
+class ProbeError(Exception):
+    """A failure to report with fail_json; the message names the option and the fix."""
+
+
+def _is_executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _which(name: str, path_var: str) -> str | None:
+    for d in path_var.split(os.pathsep):
+        if d and _is_executable(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return None
+
+
+def read_unit(module: AnsibleModule, unit: str) -> dict:
+    if not unit or unit.startswith("-") or any(c.isspace() for c in unit):
+        raise ProbeError(f"unit={unit!r} is not a unit name; give the unit's name, e.g. unit=sglang.service")
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        raise ProbeError(
+            f"unit={unit}: systemctl is not on this host's PATH, so the unit cannot be read; "
+            "pass the interpreter with python=<path> instead of unit"
+        )
+    cmd = [systemctl, "show", "--no-pager"]
+    for prop in _sglang.UNIT_PROPERTIES:
+        cmd += ["-p", prop]
+    rc, out, err = module.run_command([*cmd, "--", unit], expand_user_and_vars=False)
+    if rc != 0:
+        raise ProbeError(f"unit={unit}: systemctl show failed (rc={rc}): {(err or out).strip()}")
+    try:
+        info = _sglang.unit_info_from_show(_sglang.parse_systemctl_show(out), unit)
+    except ValueError as exc:
+        raise ProbeError(f"unit={unit}: {exc}; check the name with `systemctl list-units --all '*sglang*'`") from exc
+    if info["exec_commands"] > 1:
+        module.warn(f"unit {unit} has {info['exec_commands']} ExecStart commands; only the first one is used")
+    return info
+
+
+def unit_environment(module: AnsibleModule, info: dict) -> dict:
+    """Environment=, then EnvironmentFile= contents (systemd: files override Environment=)."""
+    env = dict(info["environment"])
+    for ef in info["environment_files"]:
+        try:
+            with open(ef["path"], encoding="utf-8") as fh:
+                env.update(_sglang.parse_environment_file(fh.read()))
+        except OSError as exc:
+            if not ef["ignore_errors"]:
+                module.warn(f"cannot read EnvironmentFile {ef['path']} of unit {info['name']}: {exc}")
+    return env
+
+
+def resolve_interpreter(parsed: dict, unit: str, env: dict) -> tuple[str, str]:
+    """(interpreter path, how it was found) from a parsed ExecStart."""
+    path_var = env.get("PATH") or _sglang.SYSTEMD_DEFAULT_PATH
+    program = parsed["interpreter"] or parsed["program"]
+    if any(c in program for c in "$%"):
+        raise ProbeError(
+            f"unit={unit}: ExecStart's program {program!r} uses a variable or specifier the module does not "
+            "expand; pass the interpreter with python=<path> instead of unit"
+        )
+    found = program if "/" in program else _which(program, path_var)
+    if not found or not _is_executable(found):
+        raise ProbeError(
+            f"unit={unit}: ExecStart's program {program!r} is not an executable file on this host "
+            f"(PATH searched: {path_var}); fix the unit or pass python=<path> instead of unit"
+        )
+    if parsed["interpreter"]:
+        return found, "unit ExecStart"
+    # a console script (e.g. /opt/venv/bin/sglang): its #! line names the interpreter
+    try:
+        with open(found, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace").strip()
+    except OSError as exc:
+        raise ProbeError(f"unit={unit}: cannot read {found} to find its interpreter: {exc}") from exc
+    if first.startswith("#!"):
+        words = shlex.split(first[2:].strip())
+        if words and os.path.basename(words[0]) == "env":
+            words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+            cand = _which(words[0], path_var) if words else None
+        else:
+            cand = words[0] if words else None
+        if cand and _sglang.is_python(cand) and _is_executable(cand):
+            return cand, f"#! line of {found}"
+    for name in ("python3", "python"):
+        sibling = os.path.join(os.path.dirname(found), name)
+        if _is_executable(sibling):
+            return sibling, f"python beside {found}"
+    raise ProbeError(
+        f"unit={unit}: ExecStart runs {found}, which is not a Python interpreter and names none in its #! line; "
+        "pass the interpreter with python=<path> instead of unit"
+    )
+
+
+def user_prefix(module: AnsibleModule, info: dict | None, run_as: bool) -> tuple[list[str], dict, str]:
+    """(argv prefix, environment additions, user name) to run a command as the unit's User=."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    user = (info or {}).get("user") or ""
+    if not info or not user or user in ("root", "0") or user == me or not run_as:
+        return [], {}, me
+    try:
+        pw = pwd.getpwnam(user) if not user.isdigit() else pwd.getpwuid(int(user))
+    except KeyError as exc:
+        raise ProbeError(
+            f"unit={info['name']} runs as User={user}, which does not exist on this host; "
+            "fix the unit or set run_as_unit_user=false"
+        ) from exc
+    if os.geteuid() != 0:
+        module.warn(f"the probe runs as {me}, not as the unit's User={user} (become root to run it as {user})")
+        return [], {}, me
+    env = {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+    setpriv = module.get_bin_path("setpriv")
+    if setpriv:
+        gid = pw.pw_gid
+        if info.get("group"):
+            try:
+                gid = int(info["group"]) if info["group"].isdigit() else grp.getgrnam(info["group"]).gr_gid
+            except KeyError as exc:
+                raise ProbeError(
+                    f"unit={info['name']} runs as Group={info['group']}, which does not exist on this host; "
+                    "fix the unit or set run_as_unit_user=false"
+                ) from exc
+        regid = str(gid)
+        return [setpriv, f"--reuid={pw.pw_uid}", f"--regid={regid}", "--init-groups", "--"], env, pw.pw_name
+    runuser = module.get_bin_path("runuser")
+    if runuser:
+        return [runuser, "-u", pw.pw_name, "--"], env, pw.pw_name
+    module.warn(f"neither setpriv nor runuser is on PATH: the probe runs as {me}, not as User={user}")
+    return [], {}, me
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("python", "unit")],
+        required_one_of=[("python", "unit")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    result: dict = {"changed": False}
+    try:
+        if p["timeout"] < 1:
+            raise ProbeError(f"timeout={p['timeout']} must be a positive number of seconds, e.g. timeout=120")
+        if p["speculative_flags"] is not None and not p["unit"]:
+            raise ProbeError("speculative_flags needs unit=<name>: it rewrites that unit's ExecStart")
+        env: dict = {}
+        info = None
+        cwd = None
+        if p["unit"]:
+            info = read_unit(module, p["unit"])
+            env = unit_environment(module, info)
+            try:
+                parsed = _sglang.parse_exec_start(info["argv"])
+            except ValueError as exc:
+                raise ProbeError(f"unit={p['unit']}: cannot parse ExecStart {info['exec_start']!r}: {exc}") from exc
+            env.update(parsed["env_assignments"])
+            python, source = resolve_interpreter(parsed, p["unit"], env)
+            result["unit"] = info
+            result["exec_start_parsed"] = parsed
+            if info["working_directory"] and info["working_directory"] != "~":
+                if os.path.isdir(info["working_directory"]):
+                    cwd = info["working_directory"]
+                else:
+                    module.warn(f"WorkingDirectory {info['working_directory']} does not exist; the probe runs in /")
+                    cwd = "/"
+            if p["speculative_flags"] is not None:
+                try:
+                    new_flags = _sglang.replace_speculative_flags(parsed["flags"], p["speculative_flags"])
+                    new = dict(parsed, flags=new_flags, repeated=[f for f in parsed["repeated"] if f in new_flags])
+                    new_argv = _sglang.exec_start_argv(new)
+                    result["exec_start_new"] = {
+                        "argv": new_argv,
+                        "value": _sglang.render_exec_start(new),
+                        "multiline": _sglang.render_exec_start(new, multiline=True),
+                        "flags": new_flags,
+                        "removed": _sglang.speculative_flags(parsed["flags"]),
+                        "differs": new_argv != _sglang.exec_start_argv(parsed),
+                    }
+                except ValueError as exc:
+                    raise ProbeError(f"speculative_flags={p['speculative_flags']!r}: {exc}") from exc
+        else:
+            python, source = p["python"], "python option"
+            if not os.path.exists(python):
+                raise ProbeError(
+                    f"python={python} does not exist; set python to the SGLang environment's interpreter, "
+                    "e.g. /opt/sglang/.venv/bin/python"
+                )
+            if not _is_executable(python):
+                raise ProbeError(f"python={python} is not an executable file; point it at the interpreter itself")
+        for k, v in (p["environment"] or {}).items():
+            env[str(k)] = "" if v is None else str(v)
+
+        prefix, user_env, run_user = user_prefix(module, info, p["run_as_unit_user"])
+        env.update(user_env)
+        timeout_bin = module.get_bin_path("timeout")
+        if timeout_bin:
+            prefix = [timeout_bin, "--kill-after=10", str(p["timeout"]), *prefix]
+        else:
+            module.warn("`timeout` (coreutils) is not on PATH: the probe and help runs have no time limit")
+        who = f"unit={p['unit']}" if p["unit"] else f"python={python}"
+
+        rc, out, err = module.run_command(
+            [*prefix, python, "-c", PROBE_SOURCE], environ_update=env, cwd=cwd, expand_user_and_vars=False
+        )
+        probe = parse_probe_output(out)
+        if probe is None:
+            if rc == 124:
+                raise ProbeError(
+                    f"{who}: the probe in {python} took longer than timeout={p['timeout']} s; raise timeout"
+                )
+            raise ProbeError(
+                f"{who}: {python} did not run the probe (rc={rc}): {last_line(err) or last_line(out) or 'no output'}; "
+                "is it a Python 3.8+ interpreter?"
+            )
+
+        help_result = None
+        if p["help"] and (probe.get("sglang") or {}).get("installed"):
+            help_env = dict(env)
+            help_env.setdefault("COLUMNS", "200")
+            rc, out, err = module.run_command(
+                [*prefix, python, "-m", "sglang.launch_server", "--help"],
+                environ_update=help_env,
+                cwd=cwd,
+                expand_user_and_vars=False,
+            )
+            if rc == 0:
+                help_result = _sglang.parse_help_algorithms(out)
+            elif rc == 124:
+                help_result = {"error": f"launch_server --help took longer than timeout={p['timeout']} s"}
+            else:
+                help_result = {"error": f"launch_server --help failed (rc={rc}): {last_line(err) or last_line(out)}"}
+
+        caps = _sglang.summarize_capabilities(probe, help_result)
+        caps["python"] = dict(caps["python"], requested=python, source=source, run_as=run_user)
+        result.update(caps)
+    except ProbeError as exc:
+        module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
