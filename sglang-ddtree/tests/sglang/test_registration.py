@@ -116,7 +116,7 @@ def test_create_dummy_verify_input_hook_passes_dflash_through(plugins_loaded):
 def test_create_dummy_verify_input_for_ddtree_carries_mask_and_tree_topk(plugins_loaded):
     import torch
     from sglang.srt.speculative import spec_info
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm, SpecInputType
+    from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
     from sglang_ddtree.sglang.server_args import TREE_TOPK
     from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
 

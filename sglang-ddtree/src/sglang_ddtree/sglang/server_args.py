@@ -203,17 +203,27 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"{drafter.block_size}; DDTREE reads the block size from the drafter config, drop the flag"
         )
 
-    prefill_backend, decode_backend = _backend_pair(cfg)
+    raw = getattr(cfg, "_raw_input", None)  # 0.5.23: the user's own inputs; 0.5.17: none kept
+    raw = raw if isinstance(raw, dict) else None
     for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
         backend = getattr(cfg, field, None)
-        if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
-            raise DDTreeConfigError(
-                f"--{field.replace('_', '-')}={backend!r}: DDTREE's tree verify needs a target attention backend "
-                f"that applies a full tree mask, one of {list(SUPPORTED_ATTENTION_BACKENDS)}; pass "
-                "--attention-backend triton"
+        if backend is None or backend in SUPPORTED_ATTENTION_BACKENDS:
+            continue
+        if raw is not None and raw.get(field) is None:
+            # SGLang chose it (e.g. fa3 on Hopper), the user did not: use a backend that applies the tree mask.
+            setattr(cfg, field, SUPPORTED_ATTENTION_BACKENDS[0])
+            logger.warning(
+                "DDTREE: SGLang picked %s=%s, which cannot apply a tree mask; using %s",
+                field, backend, SUPPORTED_ATTENTION_BACKENDS[0],
             )
-    if getattr(cfg, "attention_backend", None) is None and prefill_backend is None and decode_backend is None:
-        # SGLang would pick e.g. fa3 on Hopper, whose tree verify expects EAGLE's mask layout.
+            continue
+        raise DDTreeConfigError(
+            f"--{field.replace('_', '-')}={backend!r} (set explicitly or chosen by SGLang for this GPU): DDTREE's "
+            f"tree verify needs a target attention backend that applies a full tree mask, one of "
+            f"{list(SUPPORTED_ATTENTION_BACKENDS)}; pass --attention-backend triton"
+        )
+    prefill_backend, decode_backend = _backend_pair(cfg)
+    if prefill_backend is None and decode_backend is None:
         cfg.attention_backend = SUPPORTED_ATTENTION_BACKENDS[0]
         logger.info("DDTREE: --attention-backend not set; using %s", SUPPORTED_ATTENTION_BACKENDS[0])
         prefill_backend = decode_backend = SUPPORTED_ATTENTION_BACKENDS[0]

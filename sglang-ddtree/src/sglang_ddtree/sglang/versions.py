@@ -60,7 +60,7 @@ def unsupported_reason(version: str | None) -> str | None:
     low, high = parse_release(MIN_SGLANG), parse_release(MAX_SGLANG)
     assert low is not None and high is not None
     # Compare on (major, minor, patch): a post/dev suffix of a supported patch release is that release.
-    key = (release + (0, 0, 0))[:3]
+    key = ((*release, 0, 0, 0))[:3]
     if key < low:
         return (
             f"sglang {version} is older than {MIN_SGLANG} (no DFlashWorkerV2 or no plugin algorithm registry); "

@@ -1,0 +1,242 @@
+"""Verify-input construction and accept/commit bookkeeping on CPU tensors, checked against the core's tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang_ddtree.sglang.commit import (
+    compact_to_front,
+    kv_commit_moves,
+    last_accepted_node,
+    out_tokens_from_path,
+    tree_mamba_commit_indices,
+)
+from sglang_ddtree.sglang.tp_topk import sharded_candidates
+from sglang_ddtree.sglang.tree_kernels import verify_tree_greedy, verify_tree_greedy_torch
+from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
+from sglang_ddtree.tree import build_tree, build_tree_from_topk
+from sglang_ddtree.verify import greedy_walk
+
+
+def _trees(bsz=3, depth=4, vocab=50, budget=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bsz, depth, vocab, generator=gen) * 3
+    return build_tree(logits, budget), gen
+
+
+def _target_following(tree, gen, follow_prob=0.7):
+    """Target tokens per node: often the token of a random child (so paths get accepted), else random."""
+    bsz, m = tree.parents.shape
+    target = torch.randint(0, 50, (bsz, m), generator=gen)
+    for b in range(bsz):
+        for i in range(m):
+            kids = [j for j in range(1, m) if int(tree.parents[b, j]) == i]
+            if kids and torch.rand((), generator=gen) < follow_prob:
+                target[b, i] = tree.tokens[b, kids[int(torch.randint(len(kids), (), generator=gen))] - 1]
+    return target
+
+
+def test_verify_arrays_match_the_core_tree():
+    tree, _ = _trees()
+    bsz, m = tree.parents.shape
+    prefix = torch.tensor([5, 0, 11])
+    roots = torch.tensor([7, 8, 9])
+    arrays = build_verify_arrays(tree, roots, prefix, int(prefix.sum()))
+    assert arrays.num_nodes == m
+    tokens = arrays.tokens.view(bsz, m)
+    assert torch.equal(tokens[:, 0], roots) and torch.equal(tokens[:, 1:], tree.tokens)
+    assert torch.equal(arrays.positions.view(bsz, m), prefix[:, None] + tree.positions)
+    assert torch.equal(arrays.retrieve_next_token, tree.first_child)
+    assert torch.equal(arrays.retrieve_next_sibling, tree.next_sibling)
+    assert torch.equal(arrays.retrieve_index, torch.arange(bsz * m).view(bsz, m))
+
+
+def test_custom_mask_layout_is_full_mask_per_request():
+    tree, _ = _trees()
+    bsz, m = tree.parents.shape
+    prefix = torch.tensor([5, 0, 11])
+    mask = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
+    assert mask.dtype == torch.bool and mask.numel() == mask_numel(int(prefix.sum()), bsz, m)
+    offset = 0
+    for b in range(bsz):
+        p = int(prefix[b])
+        block = mask[offset : offset + m * (p + m)].view(m, p + m)
+        assert block[:, :p].all()  # every node sees the whole committed prefix
+        assert torch.equal(block[:, p:], tree.ancestors[b])  # and its ancestors-or-self in the tree
+        offset += m * (p + m)
+    # a node never sees a sibling: rows of two children of the root differ in the tree part
+    assert offset == mask.numel()
+
+
+def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins_loaded):
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.spec_info import SpecInputType
+    from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
+
+    tree, _ = _trees()
+    prefix = torch.tensor([5, 0, 11])
+    arrays = build_verify_arrays(tree, torch.zeros(3, dtype=torch.long), prefix, 16)
+    vi = DDTreeVerifyInput(
+        draft_token=arrays.tokens, positions=arrays.positions, draft_token_num=arrays.num_nodes,
+        custom_mask=arrays.custom_mask, retrieve_index=arrays.retrieve_index,
+        retrieve_next_token=arrays.retrieve_next_token, retrieve_next_sibling=arrays.retrieve_next_sibling,
+    )
+    assert isinstance(vi, DFlashVerifyInput) and vi.spec_input_type == SpecInputType.DFLASH_VERIFY
+    assert vi.topk > 1 and vi.num_tokens_per_req == arrays.num_nodes
+    assert vi.is_verify_input() and not vi.is_draft_input()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_torch_tree_walk_equals_the_core_greedy_walk(seed):
+    tree, gen = _trees(bsz=4, seed=seed)
+    bsz, m = tree.parents.shape
+    target = _target_following(tree, gen)
+    roots = torch.zeros(bsz, dtype=torch.long)
+    arrays = build_verify_arrays(tree, roots, torch.zeros(bsz, dtype=torch.long), 0)
+    candidates = arrays.tokens.view(bsz, m)
+    predicts, accept_index, accept_num = verify_tree_greedy_torch(
+        candidates, arrays.retrieve_index, arrays.retrieve_next_token, arrays.retrieve_next_sibling, target,
+        tree.max_depth,
+    )
+    ref_index, ref_len, ref_bonus = greedy_walk(tree, target)
+    assert torch.equal(accept_num, ref_len)
+    offsets = torch.arange(bsz)[:, None] * m
+    assert torch.equal(torch.where(accept_index >= 0, accept_index - offsets, -1), ref_index)
+    last = torch.gather(accept_index, 1, accept_num[:, None])[:, 0]
+    assert torch.equal(predicts[last], ref_bonus)
+    # the dispatcher uses the torch walk on CPU
+    again = verify_tree_greedy(candidates, arrays.retrieve_index, arrays.retrieve_next_token,
+                               arrays.retrieve_next_sibling, target, tree.max_depth)
+    assert all(torch.equal(x, y) for x, y in zip(again, (predicts, accept_index, accept_num), strict=True))
+    assert int(ref_len.max()) > 0  # the fixture really accepts drafts
+
+
+class SimulatedAllocator:
+    """Page-granular slot allocator (slot 0 reserved as padding, like SGLang's)."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.page_size = page_size
+        self.free_pages = list(range(1, num_pages))
+        self.total = num_pages - 1
+
+    def alloc(self, num_tokens: int) -> list[int]:
+        pages = -(-num_tokens // self.page_size)
+        assert pages <= len(self.free_pages)
+        taken, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
+        return [p * self.page_size + o for p in taken for o in range(self.page_size)][:num_tokens]
+
+    def free(self, slots: list[int]) -> None:
+        pages = sorted({s // self.page_size for s in slots})
+        assert not set(pages) & set(self.free_pages), "double free"
+        self.free_pages += pages
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_commit_moves_accepted_kv_to_the_front_and_leaks_nothing(page_size):
+    tree, gen = _trees(bsz=3, seed=3)
+    bsz, m = tree.parents.shape
+    target = _target_following(tree, gen, follow_prob=0.9)
+    accept_index, accept_len, _bonus = greedy_walk(tree, target)
+    assert int(accept_len.max()) >= 2  # a path deeper than one node (a real compaction)
+
+    alloc = SimulatedAllocator(num_pages=200, page_size=page_size)
+    prefix = torch.tensor([3, 6, 9])
+    reserve = m + page_size  # the per-decode reservation covers the tree
+    req_to_token = torch.zeros((5, 64), dtype=torch.long)
+    pool_rows = torch.tensor([2, 0, 4])
+    owned = {}
+    for b in range(bsz):
+        slots = alloc.alloc(int(prefix[b]) + reserve)
+        req_to_token[pool_rows[b], : len(slots)] = torch.tensor(slots)
+        owned[b] = set(slots)
+    kv = torch.zeros(200 * page_size, 2)  # [slots, head_dim]
+    for b in range(bsz):  # the verify pass wrote node i's KV at position prefix+i
+        for i in range(m):
+            kv[req_to_token[pool_rows[b], prefix[b] + i]] = torch.tensor([b, 100 + i], dtype=torch.float)
+    table_before = req_to_token.clone()
+
+    src, dst = kv_commit_moves(req_to_token, pool_rows, prefix, accept_index, accept_len)
+    kv[dst.reshape(-1)] = kv[src.reshape(-1)].clone()  # SGLang's move_kv_cache: gather, then scatter
+
+    assert torch.equal(req_to_token, table_before)  # slot table untouched (page layout intact)
+    for b in range(bsz):
+        for k in range(int(accept_len[b]) + 1):
+            node = int(accept_index[b, k])
+            slot = int(req_to_token[pool_rows[b], prefix[b] + k])
+            assert kv[slot].tolist() == [b, 100 + node]
+        assert set(src[b].tolist()) | set(dst[b].tolist()) <= owned[b] | {0}  # only the request's own slots
+    # the request finishes: everything it holds goes back, nothing leaked, nothing freed twice
+    for b in range(bsz):
+        alloc.free(sorted(owned[b]))
+    assert len(alloc.free_pages) == alloc.total
+
+
+def test_compaction_of_hidden_states_and_emitted_tokens():
+    tree, gen = _trees(bsz=2, seed=5)
+    bsz, m = tree.parents.shape
+    target = _target_following(tree, gen, follow_prob=0.9)
+    accept_index, accept_len, bonus = greedy_walk(tree, target)
+    hidden = torch.arange(bsz * m, dtype=torch.float)[:, None].repeat(1, 3)
+    out = compact_to_front(hidden, accept_index, m).view(bsz, m, 3)
+    for b in range(bsz):
+        for k in range(int(accept_len[b]) + 1):
+            assert out[b, k, 0] == b * m + accept_index[b, k]
+    path_tokens = torch.gather(torch.cat([torch.zeros(bsz, 1, dtype=torch.long), tree.tokens], 1), 1,
+                               accept_index.clamp(min=0))
+    emitted = out_tokens_from_path(path_tokens, accept_len, bonus)
+    for b in range(bsz):
+        n = int(accept_len[b])
+        assert emitted[b, :n].tolist() == path_tokens[b, 1 : n + 1].tolist()
+        assert emitted[b, n] == bonus[b] and not emitted[b, n + 1 :].any()
+
+
+def test_recurrent_state_commit_uses_the_last_accepted_node_not_the_length():
+    # root 0; children of root: 1, 2; child of 2: 3; children of 3: 4, 5. Accepted path 0 -> 2 -> 3 -> 5.
+    accept_index = torch.tensor([[0, 2, 3, 5, -1], [0, 1, -1, -1, -1]])
+    accept_len = torch.tensor([3, 1])
+    last = last_accepted_node(accept_index, accept_len)
+    assert last.tolist() == [5, 1]
+    assert last.tolist() != accept_len.tolist()  # a chain assumption would commit node 3 for request 0
+    idx, track = tree_mamba_commit_indices(accept_index, accept_len, torch.tensor([6, 6]), None)
+    assert idx.tolist() == [5, 1] and track is None
+    # tracking interval 8: request 0 goes 6 -> 10, request 1 goes 6 -> 8; both cross 8 at path entry 1
+    # (the token at position 7), which is node 2 for request 0 and node 1 for request 1
+    idx, track = tree_mamba_commit_indices(accept_index, accept_len, torch.tensor([6, 6]), 8)
+    assert track.tolist() == [2, 1]
+    # 0 -> 4 and 0 -> 2 cross nothing
+    _, track = tree_mamba_commit_indices(accept_index, accept_len, torch.tensor([0, 0]), 8)
+    assert track.tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocab_sharded_topk_gives_the_same_tree_as_full_logits(world):
+    gen = torch.Generator().manual_seed(11)
+    bsz, depth, vocab, budget = 2, 4, 61, 8
+    logits = torch.randn(bsz, depth, vocab, generator=gen) * 2
+    shard = -(-vocab // world)
+    padded = torch.nn.functional.pad(logits, (0, shard * world - vocab), value=0.0)
+    shards = [padded[..., r * shard : (r + 1) * shard] for r in range(world)]
+
+    # simulate the all-gather of every rank at once: run the ranks' steps in lockstep
+    lse_parts = [torch.logsumexp(torch.where(torch.arange(shard) < max(0, min(shard, vocab - r * shard)),
+                                             s.float(), torch.tensor(float("-inf"))), -1, keepdim=True)
+                 for r, s in enumerate(shards)]
+    results = []
+    for r in range(world):
+        gathered = iter([torch.cat(lse_parts, -1)])
+        topk_parts = []
+
+        def all_gather(t, _gathered=gathered, _parts=topk_parts, _r=r):
+            first = next(_gathered, None)
+            if first is not None:
+                return first
+            _parts.append(t)
+            return t
+
+        results.append(sharded_candidates(shards[r], r * shard, budget, all_gather, vocab_limit=vocab))
+    logprobs = torch.cat([lp for lp, _ in results], -1)
+    tokens = torch.cat([tk for _, tk in results], -1)
+    sharded_tree = build_tree_from_topk(logprobs, tokens, budget)
+    full_tree = build_tree(logits, budget)
+    assert torch.equal(sharded_tree.tokens, full_tree.tokens)
+    assert torch.equal(sharded_tree.parents, full_tree.parents)
