@@ -306,7 +306,7 @@ def validate_options(opts: dict) -> None:
         if value is not None and (not isinstance(value, int) or value < 1):
             raise FitInputError(name, value, "must be a positive integer or left unset")
     r = opts.get("mamba_full_memory_ratio")
-    if r is not None and not float(r) > 0:
+    if r is not None and float(r) <= 0:
         raise FitInputError("mamba_full_memory_ratio", r, "must be a positive number (SGLang's default is 0.9)")
     dtype = opts.get("dtype", "auto")
     if dtype not in DTYPE_CHOICES:
@@ -558,9 +558,9 @@ def _gpu_fit(
         kv_tokens = 2**62  # no per-token KV at all (a pure linear-attention model)
     idle_budget = int(mem_fraction * total_b) if total_b else budget
     idle_rest = idle_budget - weights - draft
-    idle_state, _ = _state_reservation(
+    idle_state = _state_reservation(
         idle_rest, state_per_req, spec_tokens, ratio, max_mamba_cache_size, max_running_requests
-    )
+    )[0]
     idle_tokens = max((idle_rest - idle_state) // kv_per_token, 0) if kv_per_token else 0
     return {
         "index": gpu["index"],
@@ -596,7 +596,8 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
         occupied = g["total_bytes"] and in_use > 0.05 * g["total_bytes"]
         held = _holders(g["gpu"], freed) if occupied else ""
         head = (
-            f"GPU {i}: budget {_gib(g['budget_bytes'])} (mem_fraction {mem_fraction} x {_gib(g['available_bytes'])} available"
+            f"GPU {i}: budget {_gib(g['budget_bytes'])} "
+            f"(mem_fraction {mem_fraction} x {_gib(g['available_bytes'])} available"
             + (f"; {_gib(in_use)} of {_gib(g['total_bytes'])} in use, {held}" if occupied else "")
             + ")"
         )

@@ -391,7 +391,7 @@ FIT_SPEC = dict(
     dtype=dict(type="str", choices=list(_model_fit.DTYPE_CHOICES), default="auto"),
     kv_cache_dtype=dict(type="str", choices=list(_model_fit.KV_CACHE_DTYPE_CHOICES), default="auto"),
     max_running_requests=dict(type="int"),
-    speculative_num_draft_tokens=dict(type="int"),
+    speculative_num_draft_tokens=dict(type="int", no_log=False),
     max_mamba_cache_size=dict(type="int"),
     mamba_full_memory_ratio=dict(type="float", default=_model_fit.DEFAULT_MAMBA_FULL_MEMORY_RATIO),
     assume_freed_pids=dict(type="list", elements="int", default=[]),

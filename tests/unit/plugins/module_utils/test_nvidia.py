@@ -61,6 +61,7 @@ def run_standin(args: list[str], recording: Path | None, **extra: str) -> subpro
         [sys.executable, str(STAND_IN), *args],
         env=standin_env(recording, **extra),
         capture_output=True,
+        check=False,
         text=True,
         timeout=30,
     )
@@ -284,7 +285,7 @@ def test_classify_failure(rc, stdout, stderr, kind, words):
 
 def test_gpu_query_error_refuses_unknown_kind():
     with pytest.raises(ValueError):
-        GpuQueryError("x", kind="bogus")
+        raise GpuQueryError("x", kind="bogus")  # the constructor raises ValueError first
 
 
 @pytest.mark.parametrize(
@@ -547,7 +548,7 @@ FORMS = [
 
 
 @pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name}")
-@pytest.mark.parametrize(("args", "name"), FORMS, ids=[f"{n}-{i}" for i, (_, n) in enumerate(FORMS)])
+@pytest.mark.parametrize(("args", "name"), FORMS, ids=[f"{form[1]}-{i}" for i, form in enumerate(FORMS)])
 def test_stand_in_replays_each_recorded_form(recording, args, name):
     proc = run_standin(args, recording)
     assert proc.stdout == fixture_text(recording / f"{name}.out")
@@ -575,14 +576,16 @@ def test_stand_in_reads_its_settings_file_and_env_wins(tmp_path):
     shutil.copytree(FIX / "h200x2" / "busy", tmp_path / "bin" / "rec")
     (tmp_path / "bin" / "nvidia-smi.standin.json").write_text(json.dumps({"fixture_dir": "rec"}))
     env = standin_env(None)
-    proc = subprocess.run([str(copy), "-L"], env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([str(copy), "-L"], env=env, capture_output=True, check=False, text=True, timeout=30)
     assert proc.returncode == 0
     assert proc.stdout == fixture_text(FIX / "h200x2" / "busy" / "list.out")
     env["NVIDIA_SMI_STANDIN_DIR"] = str(FIX / "h200" / "idle")
-    proc = subprocess.run([str(copy), "-L"], env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([str(copy), "-L"], env=env, capture_output=True, check=False, text=True, timeout=30)
     assert proc.stdout == fixture_text(FIX / "h200" / "idle" / "list.out")
     (tmp_path / "bin" / "nvidia-smi.standin.json").write_text(json.dumps({"fixture_dir": "rec", "mode": "no-devices"}))
-    proc = subprocess.run([str(copy), "-L"], env=standin_env(None), capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [str(copy), "-L"], env=standin_env(None), capture_output=True, check=False, text=True, timeout=30
+    )
     assert (proc.returncode, proc.stdout) == (6, "No devices were found\n")
 
 
@@ -632,7 +635,7 @@ def test_record_script_records_every_form_the_stand_in_replays(tmp_path):
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     out = tmp_path / "rec"
     proc = subprocess.run(
-        ["bash", str(FIX / "record.sh"), str(out)], env=env, capture_output=True, text=True, timeout=120
+        ["bash", str(FIX / "record.sh"), str(out)], env=env, capture_output=True, check=False, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     names = {"plain", "list", "query-gpu", "query-gpu-csv", "query-compute-apps", "version"}
@@ -640,7 +643,7 @@ def test_record_script_records_every_form_the_stand_in_replays(tmp_path):
         for ext in ("out", "err", "rc"):
             assert (out / "idle" / f"{name}.{ext}").is_file()
         assert (out / "idle" / f"{name}.out").read_text().startswith("#fixture: recorded by")
-    assert {n for _, n in FORMS} == names
+    assert {form[1] for form in FORMS} == names
     assert gpus_of(out / "idle") == gpus_of(FIX / "h200x2" / "idle")
     meta = json.loads((out / "meta.json").read_text())
     assert meta["forms"]["query-gpu"] == list(_nvidia.QUERY_GPU_ARGS)

@@ -72,6 +72,7 @@ def run_module(tmp_path):
             [sys.executable, "-m", MODULE, str(argfile)],
             env=env,
             capture_output=True,
+            check=False,
             text=True,
             timeout=120,
             cwd=tmp_path,
