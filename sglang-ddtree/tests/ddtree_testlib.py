@@ -1,0 +1,128 @@
+"""Independent reference implementations for the sglang-ddtree tests (pure Python / numpy, no shared code).
+
+These deliberately re-derive everything from the definition in the issue instead of importing the package:
+per-depth candidates sorted by (float32 log-probability desc, token id asc), scores accumulated left to right
+in float64, and a best-first heap over rank tuples with ties broken by the rank tuple.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def ddtree_device() -> torch.device:
+    return torch.device(os.environ.get("SGLANG_DDTREE_TEST_DEVICE", "cpu"))
+
+
+@dataclass
+class RefNode:
+    token: int
+    depth: int
+    parent: int  # node index, 0 = root
+    score: float
+    ranks: tuple[int, ...]
+
+
+def candidates(logprobs_row: np.ndarray, k: int) -> list[list[tuple[float, int]]]:
+    """Per depth: the best k (logprob, token) pairs, by logprob desc then token asc (numpy lexsort)."""
+    out = []
+    for row in logprobs_row:
+        row = row.astype(np.float32) + np.float32(0.0)
+        ids = np.arange(row.shape[0])
+        order = np.lexsort((ids, -row.astype(np.float64)))[:k]
+        out.append([(float(row[i]), int(i)) for i in order])
+    return out
+
+
+def heap_tree(logprobs_row: np.ndarray, budget: int) -> list[RefNode]:
+    """The reference best-first search: pops the `budget` best rank tuples, in pop order."""
+    depth_limit, vocab = logprobs_row.shape
+    k = min(budget, vocab)
+    cands = candidates(logprobs_row, k)
+    # heap entries: (-score, ranks, parent_node, parent_score)
+    heap = [(-(0.0 + cands[0][0][0]), (0,), 0, 0.0)]
+    nodes: list[RefNode] = []
+    while heap and len(nodes) < budget:
+        _, ranks, parent, parent_score = heapq.heappop(heap)
+        depth, rank = len(ranks), ranks[-1]
+        score = parent_score + cands[depth - 1][rank][0]
+        nodes.append(RefNode(cands[depth - 1][rank][1], depth, parent, score, ranks))
+        me = len(nodes)
+        if rank + 1 < k:
+            heapq.heappush(heap, (-(parent_score + cands[depth - 1][rank + 1][0]), (*ranks[:-1], rank + 1), parent, parent_score))
+        if depth < depth_limit:
+            heapq.heappush(heap, (-(score + cands[depth][0][0]), (*ranks, 0), me, score))
+    return nodes
+
+
+def all_tuples(logprobs_row: np.ndarray, budget: int) -> list[tuple[float, tuple[int, ...]]]:
+    """Every rank tuple with its score (brute force, tiny sizes only)."""
+    depth_limit, vocab = logprobs_row.shape
+    k = min(budget, vocab)
+    cands = candidates(logprobs_row, k)
+    out = []
+    frontier = [((), 0.0)]
+    for d in range(depth_limit):
+        nxt = []
+        for ranks, score in frontier:
+            for r in range(k):
+                s = score + cands[d][r][0]
+                out.append((s, (*ranks, r)))
+                nxt.append(((*ranks, r), s))
+        frontier = nxt
+    return out
+
+
+def naive_children(parents: list[int]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children.setdefault(p, []).append(i)
+    return children
+
+
+def naive_walk(tokens: list[int], parents: list[int], target: list[int]) -> tuple[list[int], int]:
+    """Greedy walk with a child map: (accepted node path incl. root, bonus token)."""
+    kids = naive_children(parents)
+    child_map = {p: {tokens[c - 1]: c for c in cs} for p, cs in kids.items()}
+    path = [0]
+    cur = 0
+    while target[cur] in child_map.get(cur, {}):
+        cur = child_map[cur][target[cur]]
+        path.append(cur)
+    return path, target[cur]
+
+
+def chi2_sf(stat: float, dof: int) -> float:
+    """Survival function of the chi-square distribution (regularised upper incomplete gamma)."""
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+def chi2_test(counts: dict, probs: dict, min_expected: float = 5.0) -> float:
+    """p-value of observed counts against exact probabilities; categories with small expectations are pooled.
+
+    Returns 0.0 when an outcome of probability zero was observed.
+    """
+    total = sum(counts.values())
+    if any(probs.get(key, 0.0) == 0.0 for key in counts):
+        return 0.0  # an outcome of probability 0 was observed
+    stat, dof = 0.0, -1
+    pooled_obs, pooled_exp = 0.0, 0.0
+    for key, p in probs.items():
+        exp = p * total
+        obs = counts.get(key, 0)
+        if exp < min_expected:
+            pooled_obs += obs
+            pooled_exp += exp
+            continue
+        stat += (obs - exp) ** 2 / exp
+        dof += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-12)
+        dof += 1
+    return chi2_sf(stat, max(dof, 1))
