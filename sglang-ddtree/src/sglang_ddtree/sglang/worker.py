@@ -1,0 +1,357 @@
+"""``DDTreeWorker``: SGLang's ``DFlashWorkerV2`` with the argmax chain replaced by a DDTree draft tree.
+
+Per decode round (batch of B requests, budget N, drafter block size S = max depth + 1):
+
+1. Drafter pass — DFLASH's own code, unchanged: ``DFlashWorkerV2.forward_batch_generation`` prepares the block
+   (root = last verified token + S-1 mask tokens), runs the drafter (CUDA graph when captured) and then asks
+   ``_greedy_sample_from_vocab_parallel_head`` for the argmax chain. DDTREE overrides that one call: it takes
+   the drafter's hidden states and stops DFLASH's round there (``_DraftCaptured``), so the drafter pass stays
+   DFLASH's on every supported SGLang version.
+2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
+   top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
+3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
+   backends' FULL layout, retrieve arrays), the target's TARGET_VERIFY forward, then the greedy walk with
+   SGLang's ``verify_tree_greedy`` kernel, or the core's exactly lossless ``sampling_walk`` when sampling.
+4. Commit: the accepted path's target KV is moved to positions prefix..prefix+accept_len (data moves, valid for
+   any page size), the recurrent state of hybrid linear-attention targets is committed at the last ACCEPTED
+   node's index, and the drafter context is materialised from the accepted nodes' hidden states.
+
+No per-request Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
+
+GPU-only: this module is imported lazily by the registered worker factory. Its tensor helpers
+(``_ddtree_*``) are exercised on CPU by the tests; the full round needs a GPU (see bench/gpu/).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+from ..tree import build_tree, build_tree_from_topk
+from ..verify import sampling_walk
+from .commit import compact_to_front, kv_commit_moves, out_tokens_from_path, tree_mamba_commit_indices
+from .server_args import current_block_size
+from .tp_topk import sharded_candidates
+from .tree_kernels import verify_tree_greedy
+from .verify_input import build_verify_arrays
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DDTreeWorker"]
+
+
+class _DraftCaptured(Exception):
+    """Ends DFLASH's round right after its drafter pass, carrying the drafter hidden states."""
+
+    def __init__(self, hidden_states: torch.Tensor):
+        super().__init__("ddtree draft captured")
+        self.hidden_states = hidden_states
+
+
+def _call_version_kwargs(fn, **kwargs):
+    """Call ``fn`` with the keyword arguments it accepts (SGLang signatures differ between releases)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    """DFLASH drafter, DDTree tree, tree verification. See the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        num_nodes = int(self._spec_value("speculative_num_draft_tokens"))
+        block_size = current_block_size() or int(self._spec_value("speculative_dflash_block_size"))
+        self.ddtree_num_nodes = num_nodes  # N + 1 verify tokens per request
+        self.ddtree_budget = num_nodes - 1
+        for attr in ("selector", "lilicorr"):
+            if getattr(self, attr, None) is not None:
+                raise ValueError(f"DDTREE supports plain DFlash drafters; this drafter has a {attr} head")
+        if getattr(self, "_is_domino", False):
+            raise ValueError("DDTREE supports plain DFlash drafters; this drafter is a Domino drafter")
+        self._ddtree_set_block_size(block_size)
+        self._ddtree_capturing = False
+        logger.info("DDTREE worker: budget=%d, block_size=%d", self.ddtree_budget, block_size)
+
+    # --- set-up ----------------------------------------------------------------------------------------------
+    def _spec_value(self, name: str) -> Any:
+        try:
+            from sglang.srt.runtime_context import get_spec
+
+            return getattr(get_spec(), name)
+        except Exception:
+            return getattr(self.server_args, name)
+
+    def _ddtree_set_block_size(self, block_size: int) -> None:
+        """DFLASH's __init__ took speculative_num_draft_tokens (N+1) as the block size; put the drafter's back."""
+        from sglang.srt.speculative.dflash_utils import build_block_pos_offsets, make_draft_block_spec_info
+
+        self.block_size = int(block_size)
+        self.speculative_num_draft_tokens = int(block_size)
+        if hasattr(self.draft_model, "set_block_size"):
+            self.draft_model.set_block_size(self.block_size)
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+
+    def _maybe_build_draft_sampler(self):
+        # The fused greedy head would return token ids only; the tree needs the drafter's full distribution.
+        return None
+
+    # --- 1) drafter pass: DFLASH's, stopped at its greedy head ----------------------------------------------
+    def _greedy_sample_from_vocab_parallel_head(self, *args: Any, **kwargs: Any):
+        if self._ddtree_capturing:
+            raise _DraftCaptured(kwargs.get("hidden_states", args[0] if args else None))
+        return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        if getattr(batch, "has_grammar", False):
+            raise ValueError("DDTREE does not support grammar-constrained decoding yet; use DFLASH for it")
+        self._ddtree_capturing = True
+        try:
+            super().forward_batch_generation(batch, on_publish=None, grammar_barrier=grammar_barrier)
+        except _DraftCaptured as captured:
+            draft_hidden = captured.hidden_states
+        else:  # pragma: no cover - DFLASH's round always reaches its greedy head when the sampler is off
+            raise RuntimeError("DDTREE: DFLASH's round did not reach the drafter head")
+        finally:
+            self._ddtree_capturing = False
+        return self._ddtree_round(batch, draft_hidden, on_publish)
+
+    # --- 2) tree ---------------------------------------------------------------------------------------------
+    def _ddtree_lm_head(self):
+        target_model = self.target_worker.model_runner.model
+        return getattr(target_model, "lm_head", None)
+
+    def _ddtree_tree_from_hidden(self, draft_hidden: torch.Tensor, bs: int, lm_head: Any, tp_group: Any = None,
+                                 vocab_size: int | None = None):
+        """Drafter hidden states [bs*(S-1), H] (block positions 1..S-1) -> DraftTree."""
+        depth = self.block_size - 1
+        local_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t()).view(bs, depth, -1)
+        world = 1 if tp_group is None else int(getattr(tp_group, "world_size", 1))
+        if world == 1:
+            if vocab_size is not None:
+                local_logits = local_logits[..., :vocab_size]
+            return build_tree(local_logits, self.ddtree_budget)
+        shard = getattr(lm_head, "shard_indices", None)
+        vocab_start = int(shard.org_vocab_start_index) if shard is not None else 0
+        k = min(self.ddtree_budget, int(vocab_size or local_logits.shape[-1] * world))
+        logprobs, tokens = sharded_candidates(
+            local_logits, vocab_start, k, lambda t: tp_group.all_gather(t.contiguous(), dim=-1),
+            vocab_limit=vocab_size,
+        )
+        return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
+
+    # --- 3) verify input -------------------------------------------------------------------------------------
+    def _ddtree_verify_inputs(self, tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices):
+        """(TreeVerifyArrays, out_cache_loc [bs*(N+1)]): slots of positions prefix..prefix+N, request-major."""
+        arrays = build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum)
+        m = arrays.num_nodes
+        offsets = prefix_lens.to(torch.int64).view(-1, 1) + torch.arange(m, device=prefix_lens.device).view(1, m)
+        rows = req_to_token[req_pool_indices.to(torch.int64)]
+        out_cache_loc = torch.gather(rows, 1, offsets).reshape(-1).to(req_to_token.dtype)
+        return arrays, out_cache_loc
+
+    # --- 4) accept and commit --------------------------------------------------------------------------------
+    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any):
+        """(local accept_index [bs, S], accept_len [bs], bonus [bs])."""
+        bs, m = arrays.retrieve_index.shape
+        logits = next_token_logits.view(bs, m, -1)
+        if sampling_info is None or getattr(sampling_info, "is_all_greedy", True):
+            target_predict = torch.argmax(logits, dim=-1)
+            candidates = arrays.tokens.view(bs, m)
+            predicts, accept_index, accept_num = verify_tree_greedy(
+                candidates, arrays.retrieve_index, arrays.retrieve_next_token, arrays.retrieve_next_sibling,
+                target_predict, tree.max_depth,
+            )
+            offsets = torch.arange(bs, device=accept_index.device).view(bs, 1) * m
+            local = torch.where(accept_index >= 0, accept_index - offsets, -1)
+            last = torch.gather(accept_index, 1, accept_num.view(bs, 1)).view(-1)
+            return local, accept_num, predicts[last]
+        probs = _target_probs(logits, sampling_info)
+        uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
+        return sampling_walk(tree, probs, uniforms)
+
+    def _ddtree_commit_kv(self, kv_pool, req_to_token, req_pool_indices, prefix_lens, accept_index, accept_len):
+        src, dst = kv_commit_moves(req_to_token, req_pool_indices, prefix_lens, accept_index, accept_len)
+        kv_pool.move_kv_cache(dst.reshape(-1), src.reshape(-1))
+
+    def _ddtree_mamba_commit(self, batch, accept_index, accept_len, seq_lens_pre_verify, track_interval=None):
+        """Commit the recurrent state of hybrid targets at the last ACCEPTED node (not at accept_len)."""
+        attn_backend = self.target_worker.model_runner.attn_backend
+        if not hasattr(attn_backend, "update_mamba_state_after_mtp_verify"):
+            return None
+        tracking = getattr(batch, "mamba_track_indices", None) is not None
+        last, steps_to_track = tree_mamba_commit_indices(
+            accept_index, accept_len, seq_lens_pre_verify, track_interval if tracking else None
+        )
+        attn_backend.update_mamba_state_after_mtp_verify(
+            last_correct_step_indices=last,
+            mamba_track_indices=getattr(batch, "mamba_track_indices", None),
+            mamba_steps_to_track=steps_to_track,
+            model=self.target_worker.model_runner.model,
+            req_pool_indices=batch.req_pool_indices[: accept_len.shape[0]],
+        )
+        return last
+
+    def _ddtree_track_interval(self, batch) -> int | None:
+        try:
+            from sglang.srt.runtime_context import get_exec
+
+            return int(get_exec().mamba.mamba_track_interval)
+        except Exception:
+            try:
+                from sglang.srt.mem_cache.mamba_utils import mamba_track_grid  # 0.5.23 spelling (best effort)
+
+                return int(mamba_track_grid(batch.tree_cache.page_size))
+            except Exception:
+                return None
+
+    # --- the round -------------------------------------------------------------------------------------------
+    def _ddtree_round(self, batch, draft_hidden: torch.Tensor, on_publish):
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        from .verify_spec_input import DDTreeVerifyInput
+
+        bs = len(batch.seq_lens)
+        block_size = self.block_size
+        m = self.ddtree_num_nodes
+        draft_input = batch.spec_info
+        prefix_lens = batch.seq_lens
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        root_tokens = self._draft_block_ids_buf[:bs, 0]
+        block_positions = self._draft_block_positions_buf[:bs].reshape(-1)
+        block_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+
+        try:
+            from sglang.srt.distributed import get_tp_group
+
+            tp_group = get_tp_group()
+        except Exception:
+            tp_group = None
+        vocab_size = int(self.model_runner.model_config.vocab_size)
+        tree = self._ddtree_tree_from_hidden(
+            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), tp_group, vocab_size
+        )
+
+        # Host-known bound of the prefix lengths (sizes the mask; the layout itself is computed on device).
+        seq_lens_cpu = batch.seq_lens_cpu
+        if seq_lens_cpu is not None:
+            prefix_sum_bound = int(seq_lens_cpu.sum())
+        else:
+            prefix_sum_bound = int(getattr(draft_input, "reserved_seq_lens_sum", None)
+                                   or getattr(draft_input, "nxt_kv_lens_sum", None)
+                                   or bs * self.model_runner.model_config.context_len)
+        arrays, verify_loc = self._ddtree_verify_inputs(
+            tree, root_tokens, prefix_lens, prefix_sum_bound, req_to_token, batch.req_pool_indices
+        )
+        verify_input = DDTreeVerifyInput(
+            draft_token=arrays.tokens,
+            positions=arrays.positions,
+            draft_token_num=m,
+            custom_mask=arrays.custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            retrieve_index=arrays.retrieve_index,
+            retrieve_next_token=arrays.retrieve_next_token,
+            retrieve_next_sibling=arrays.retrieve_next_sibling,
+        )
+        translator = getattr(self.model_runner, "kv_index_translator", None)
+        plan_lens_cpu = seq_lens_cpu if seq_lens_cpu is not None else getattr(draft_input, "nxt_kv_lens_cpu", None)
+        if translator is not None:  # 0.5.23: virtual -> physical KV locations
+            verify_input.kv_loc_plan = translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=plan_lens_cpu,
+                write_virtual=verify_loc,
+                read_extent=m,
+            )
+        batch.out_cache_loc = verify_loc
+        seq_lens_pre_verify = batch.seq_lens.clone() if self._need_mamba_verify_commit else None
+        backup = (batch.seq_lens_cpu, batch.seq_lens_sum)
+        if seq_lens_cpu is not None:
+            batch.seq_lens_cpu = seq_lens_cpu + m
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        verify_forward_batch, _ = _call_version_kwargs(
+            verify_input.prepare_for_verify, batch=batch, target_worker=self.target_worker, defer_metadata_init=False
+        )
+        batch.seq_lens_cpu, batch.seq_lens_sum = backup
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        deferred = getattr(self, "_target_logits_processor", None)
+        if deferred is not None and deferred.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = deferred.finish_deferred_gather(logits_output.next_token_logits)
+
+        accept_index, accept_len, bonus = self._ddtree_accept(
+            tree, arrays, logits_output.next_token_logits, batch.sampling_info
+        )
+        commit_lens = (accept_len + 1).to(torch.int32)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+
+        self._ddtree_commit_kv(
+            self.model_runner.token_to_kv_pool, req_to_token, batch.req_pool_indices, prefix_lens, accept_index,
+            accept_len,
+        )
+        if self._need_mamba_verify_commit:
+            self._ddtree_mamba_commit(batch, accept_index, accept_len, seq_lens_pre_verify,
+                                      self._ddtree_track_interval(batch))
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # Drafter context: the accepted nodes' target hidden states, at positions prefix..prefix+accept_len.
+        hidden = compact_to_front(logits_output.hidden_states, accept_index, m).view(bs, m, -1)
+        hidden = hidden[:, :block_size].reshape(bs * block_size, -1)
+        block_loc = block_loc_2d.reshape(-1)
+        if translator is not None and hasattr(self, "_draft_write_ids"):
+            plan = translator.plan(
+                req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+                seq_lens_cpu=plan_lens_cpu,
+                write_virtual=block_loc, read_extent=block_size,
+            )
+            block_loc = self._draft_write_ids(plan)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden,
+            cache_loc=block_loc,
+            cache_loc_2d=block_loc.view(bs, block_size),
+            positions=block_positions,
+            commit_lens=commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        path_tokens = torch.gather(arrays.tokens.view(bs, m), 1, accept_index.clamp(min=0))
+        out_tokens = out_tokens_from_path(path_tokens, accept_len, bonus)  # [bs, S]
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=block_size,
+            new_seq_lens=new_seq_lens,
+        )
+
+
+def _target_probs(logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
+    """Target probabilities per node after temperature, top-k and top-p (per request), float32 [bs, M, V]."""
+    bs = logits.shape[0]
+    temps = sampling_info.temperatures.view(bs, 1, 1).float()
+    scaled = logits.float() / temps.clamp(min=1e-6)
+    vocab = scaled.shape[-1]
+    top_ks = sampling_info.top_ks.view(bs, 1, 1).to(torch.int64).clamp(min=1, max=vocab)
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).view(1, 1, vocab)
+    sorted_logits = torch.where(ranks < top_ks, sorted_logits, torch.full_like(sorted_logits, float("-inf")))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    top_ps = sampling_info.top_ps.view(bs, 1, 1).float()
+    keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < top_ps
+    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    return torch.zeros_like(sorted_probs).scatter(-1, order, sorted_probs)
