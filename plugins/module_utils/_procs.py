@@ -47,9 +47,23 @@ PF_KTHREAD = 0x00200000
 # Programs that are never part of a training run and must never be signalled, whatever the pattern says.
 PROTECTED_NAMES = frozenset(
     {
-        "init", "systemd", "sshd", "sshd-session", "sshd-auth", "sudo", "su", "login", "agetty",
-        "dbus-daemon", "containerd", "containerd-shim", "containerd-shim-runc-v2", "dockerd", "tmux: server",
-        "screen", "SCREEN",
+        "init",
+        "systemd",
+        "sshd",
+        "sshd-session",
+        "sshd-auth",
+        "sudo",
+        "su",
+        "login",
+        "agetty",
+        "dbus-daemon",
+        "containerd",
+        "containerd-shim",
+        "containerd-shim-runc-v2",
+        "dockerd",
+        "tmux: server",
+        "screen",
+        "SCREEN",
     }
 )
 _ANSIBLE_TOKEN_RE = re.compile(r"(?:^|/)ansible(?:-[a-z]+)?$|(?:^|/)ansible-connection$")
@@ -135,10 +149,10 @@ def parse_proc_stat(text: str) -> dict | None:
         return None
     try:
         pid = int(text[:open_paren].strip())
-        rest = text[close_paren + 1:].split()
+        rest = text[close_paren + 1 :].split()
         return {
             "pid": pid,
-            "comm": text[open_paren + 1:close_paren],
+            "comm": text[open_paren + 1 : close_paren],
             "state": rest[0],
             "ppid": int(rest[1]),
             "flags": int(rest[6]),

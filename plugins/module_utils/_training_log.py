@@ -190,8 +190,14 @@ def describe_checkpoint(directory: str, entries: list[tuple[str, float]], now: f
     newest = newest_entry(entries)
     if newest is None:
         return {
-            "dir": directory, "path": None, "name": None, "step": None, "mtime": None, "mtime_iso": None,
-            "age_s": None, "count": 0,
+            "dir": directory,
+            "path": None,
+            "name": None,
+            "step": None,
+            "mtime": None,
+            "mtime_iso": None,
+            "age_s": None,
+            "count": 0,
         }
     path, mtime = newest
     return {

@@ -592,9 +592,7 @@ def validate(module: AnsibleModule) -> None:
             msg=f"gpu_release_timeout={params['gpu_release_timeout']} must be > 0 seconds; the default is 60."
         )
     if params["gpu_query_timeout"] <= 0:
-        module.fail_json(
-            msg=f"gpu_query_timeout={params['gpu_query_timeout']} must be > 0 seconds; the default is 15."
-        )
+        module.fail_json(msg=f"gpu_query_timeout={params['gpu_query_timeout']} must be > 0 seconds; the default is 15.")
     if params["user"] is not None and not params["user"].strip():
         module.fail_json(msg="user is empty; give a user name or uid, or leave user out to match every user.")
     if not params["checkpoint_glob"]:
@@ -636,8 +634,18 @@ def read_log(module: AnsibleModule, regexes: dict) -> dict:
         mtime = os.stat(path).st_mtime
     except OSError as err:
         module.warn(f"log_path={path!r} could not be read ({err.strerror or err}); the log is not reported.")
-        return {"path": path, "tail": [], "last_step": None, "line": None, "throughput_tok_s": None,
-                "loss": None, "loss_text": None, "mtime": None, "age_s": None, "error": str(err)}
+        return {
+            "path": path,
+            "tail": [],
+            "last_step": None,
+            "line": None,
+            "throughput_tok_s": None,
+            "loss": None,
+            "loss_text": None,
+            "mtime": None,
+            "age_s": None,
+            "error": str(err),
+        }
     cleaned = [_training_log.clean_line(line) for line in lines]
     parsed = _training_log.parse_training_log(lines, regexes["step"], regexes["throughput"], regexes["loss"])
     return _training_log.describe_log(path, cleaned, parsed, mtime, time.time())
@@ -660,15 +668,23 @@ def read_checkpoint(module: AnsibleModule) -> dict:
 def wait_gpu_release(module: AnsibleModule, pids: list) -> dict:
     """Poll the GPUs until none of ``pids`` is a compute process; fail on a hang or a timeout."""
     params = module.params
-    result = {"checked": False, "released": None, "skipped_reason": None, "still_on_gpu": [], "gpu_count": None,
-              "waited_s": 0.0}
+    result = {
+        "checked": False,
+        "released": None,
+        "skipped_reason": None,
+        "still_on_gpu": [],
+        "gpu_count": None,
+        "waited_s": 0.0,
+    }
     start = time.monotonic()
     deadline = start + params["gpu_release_timeout"]
     interval = 0.25
     while True:
         try:
             gpus = read_gpus(
-                module, nvidia_smi=params["nvidia_smi"], timeout=params["gpu_query_timeout"],
+                module,
+                nvidia_smi=params["nvidia_smi"],
+                timeout=params["gpu_query_timeout"],
                 backend=params["gpu_backend"],
             )
         except GpuQueryError as err:
@@ -696,8 +712,9 @@ def wait_gpu_release(module: AnsibleModule, pids: list) -> dict:
 
 
 def summary(state: str, check_mode: bool, tree: _procs.Tree, signame: str, halt, found_desc: str) -> str:
-    count = len(tree.members)
-    pids = ", ".join(str(p) for p in tree.pids[:16]) + (", ..." if count > 16 else "")
+    all_pids = tree.pids + ([p.pid for p in halt.late_members] if halt else [])
+    count = len(all_pids)
+    pids = ", ".join(str(p) for p in all_pids[:16]) + (", ..." if count > 16 else "")
     if not count:
         return f"no running process matches {found_desc}" + (" (already stopped)" if state == "absent" else "")
     if state == "present":
@@ -745,8 +762,14 @@ def main() -> None:
             f"'python[0-9.]* .*train_dflash_pipeline\\.py'), add user, or raise max_processes if this is right."
         )
         if params["state"] == "absent":
-            module.fail_json(msg=msg + " Nothing was signalled.", pids=tree.pids, processes=tree.processes(),
-                             matched_pids=tree.matched, excluded=tree.excluded, changed=False)
+            module.fail_json(
+                msg=msg + " Nothing was signalled.",
+                pids=tree.pids,
+                processes=tree.processes(),
+                matched_pids=tree.matched,
+                excluded=tree.excluded,
+                changed=False,
+            )
         module.warn(msg)
 
     before = tree.pids
@@ -765,8 +788,14 @@ def main() -> None:
         zombies=[],
         elapsed_s=0.0,
     )
-    gpu = {"checked": False, "released": None, "skipped_reason": "wait_gpu_release is false", "still_on_gpu": [],
-           "gpu_count": None, "waited_s": 0.0}
+    gpu = {
+        "checked": False,
+        "released": None,
+        "skipped_reason": "wait_gpu_release is false",
+        "still_on_gpu": [],
+        "gpu_count": None,
+        "waited_s": 0.0,
+    }
     halt = None
     failure = None
     if params["state"] == "absent" and count:
@@ -845,7 +874,8 @@ def main() -> None:
         }
     result["msg"] = summary(params["state"], module.check_mode, tree, signame, halt, found_desc)
     if failure:
-        module.fail_json(msg=failure, **result)
+        result["msg"] = failure
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

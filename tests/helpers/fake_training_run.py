@@ -98,7 +98,8 @@ def run_worker(args: argparse.Namespace) -> int:
             os._exit(0)
 
         signal.signal(signal.SIGTERM, save_and_exit)
-    # else: default SIGTERM action (terminate), like a plain training script
+    else:  # the default action (terminate), like a plain training script; set explicitly because an ignored
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # signal would be inherited from the launcher
 
     log = open(args.log, "a", encoding="utf-8", buffering=1) if args.log and args.rank == 0 else None
     if log is not None:
@@ -114,9 +115,19 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def run_launcher(args: argparse.Namespace) -> int:
     worker_args = [
-        sys.executable, os.path.abspath(__file__), "worker", "--token", args.token,
-        "--ignore-term", args.ignore_term, "--checkpoint-rank", str(args.checkpoint_rank),
-        "--checkpoint-delay", str(args.checkpoint_delay), "--log-interval", str(args.log_interval),
+        sys.executable,
+        os.path.abspath(__file__),
+        "worker",
+        "--token",
+        args.token,
+        "--ignore-term",
+        args.ignore_term,
+        "--checkpoint-rank",
+        str(args.checkpoint_rank),
+        "--checkpoint-delay",
+        str(args.checkpoint_delay),
+        "--log-interval",
+        str(args.log_interval),
     ]
     if args.checkpoint_dir:
         worker_args += ["--checkpoint-dir", args.checkpoint_dir]
@@ -231,11 +242,9 @@ class FakeRun:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(timeout=10)
-        for handle in self.handles[1:]:
-            try:
-                handle.wait(timeout=5)
-            except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-                pass
+        deadline = time.monotonic() + 10
+        while self.running() and time.monotonic() < deadline:  # orphans are reaped by init; a zombie is done
+            time.sleep(0.01)
 
 
 def start(
@@ -261,32 +270,66 @@ def start(
     checkpoint_dir = workdir / f"{token}-checkpoints"
     stderr_path = workdir / f"{token}.stderr"
     cmd = [
-        sys.executable, os.path.abspath(__file__), launcher, "--token", token, "--nproc-per-node", str(nproc),
-        "--ignore-term", ",".join(str(r) for r in ignore_term), "--launcher-term", launcher_term,
-        "--max-restarts", str(max_restarts),
-        "--log", str(log_path), "--log-interval", str(log_interval), "--ready-file", str(ready_file),
-        "--checkpoint-dir", str(checkpoint_dir), "--checkpoint-delay", str(checkpoint_delay),
+        sys.executable,
+        os.path.abspath(__file__),
+        launcher,
+        "--token",
+        token,
+        "--nproc-per-node",
+        str(nproc),
+        "--ignore-term",
+        ",".join(str(r) for r in ignore_term),
+        "--launcher-term",
+        launcher_term,
+        "--max-restarts",
+        str(max_restarts),
+        "--log",
+        str(log_path),
+        "--log-interval",
+        str(log_interval),
+        "--ready-file",
+        str(ready_file),
+        "--checkpoint-dir",
+        str(checkpoint_dir),
+        "--checkpoint-delay",
+        str(checkpoint_delay),
     ]
     if checkpoint_rank is not None:
         cmd += ["--checkpoint-rank", str(checkpoint_rank)]
+    ready_file.unlink(missing_ok=True)  # a stale file from an earlier run with the same token
     with open(stderr_path, "wb") as stderr:
         popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-    deadline = time.monotonic() + ready_timeout
-    delay = 0.005
-    while not ready_file.exists():
-        if popen.poll() is not None or time.monotonic() > deadline:
-            if popen.poll() is None:
-                popen.kill()
-            popen.wait()
-            raise RuntimeError(f"fake training run {token} did not start: {stderr_path.read_text()!r}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    ready = json.loads(ready_file.read_text())
-    worker_pids = [w["pid"] for w in ready["workers"]]
-    handles = [psutil.Process(popen.pid)] + [psutil.Process(pid) for pid in worker_pids]
+    try:
+        deadline = time.monotonic() + ready_timeout
+        delay = 0.005
+        while not ready_file.exists():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fake training run {token} did not start: {stderr_path.read_text()!r}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        ready = json.loads(ready_file.read_text())
+        worker_pids = [w["pid"] for w in ready["workers"]]
+        handles = [psutil.Process(popen.pid)] + [psutil.Process(pid) for pid in worker_pids]
+    except BaseException:
+        # never leave a half-started tree behind: its processes are descendants of our own child
+        try:
+            for child in psutil.Process(popen.pid).children(recursive=True):
+                child.kill()
+        except psutil.NoSuchProcess:
+            pass
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+        raise
     return FakeRun(
-        popen=popen, token=token, launcher_pid=popen.pid, worker_pids=worker_pids, log_path=str(log_path),
-        checkpoint_dir=str(checkpoint_dir), stderr_path=str(stderr_path), handles=handles,
+        popen=popen,
+        token=token,
+        launcher_pid=popen.pid,
+        worker_pids=worker_pids,
+        log_path=str(log_path),
+        checkpoint_dir=str(checkpoint_dir),
+        stderr_path=str(stderr_path),
+        handles=handles,
     )
 
 

@@ -29,8 +29,15 @@ SELF = 9000  # the module's own pid in the synthetic tables
 def P(pid, ppid, cmd, name=None, user="trainer", status="sleeping", kthread=False):
     argv = tuple(cmd.split()) if cmd else ()
     return ProcInfo(
-        pid=pid, ppid=ppid, name=name or (os.path.basename(argv[0]) if argv else ""), username=user, cmdline=argv,
-        create_time=1000.0 + pid, start_ticks=pid * 10, status=status, kernel_thread=kthread,
+        pid=pid,
+        ppid=ppid,
+        name=name or (os.path.basename(argv[0]) if argv else ""),
+        username=user,
+        cmdline=argv,
+        create_time=1000.0 + pid,
+        start_ticks=pid * 10,
+        status=status,
+        kernel_thread=kthread,
         uid=1000 if user == "trainer" else 0,
     )
 
@@ -143,8 +150,10 @@ def test_protected_pids_are_self_ancestors_and_own_children():
         (P(702, 1, "sudo -u trainer python train.py", name="sudo"), "a protected system program (sudo)"),
         (P(703, 1, "/usr/bin/python3 /usr/bin/ansible-playbook site.yml", name="ansible-pl"), "an Ansible process"),
         (P(704, 1, "/usr/bin/python3 /usr/local/bin/ansible all -m ping", name="python3"), "an Ansible process"),
-        (P(705, 1, "python3 /root/.ansible/tmp/ansible-tmp-9/AnsiballZ_command.py", name="python3"),
-         "an Ansible process"),
+        (
+            P(705, 1, "python3 /root/.ansible/tmp/ansible-tmp-9/AnsiballZ_command.py", name="python3"),
+            "an Ansible process",
+        ),
         (P(706, 1, "/usr/bin/python3 train.py --out /runs/ansible-exp"), None),  # 'ansible' only in an argument
         (P(4001, 4000, "/usr/bin/python3 -u train_dflash_pipeline.py"), None),
         (P(SELF, 8990, "python3 x.py"), "the module's own process"),
@@ -188,97 +197,166 @@ TREE_CASES = [
     # id, selected, extra procs, launcher?, user, expected pids in order, roles, excluded pids
     (
         "workers-matched-launcher-joins",
-        [4001, 4002, 4003], [], True, None,
+        [4001, 4002, 4003],
+        [],
+        True,
+        None,
         [4000, 4001, 4002, 4003, 4010],
-        {4000: "launcher", 4001: "root", 4002: "root", 4003: "root", 4010: "child"}, [],
+        {4000: "launcher", 4001: "root", 4002: "root", 4003: "root", 4010: "child"},
+        [],
     ),
     (
         "launcher-and-workers-matched",
-        [4000, 4001, 4002, 4003], [], True, None,
+        [4000, 4001, 4002, 4003],
+        [],
+        True,
+        None,
         [4000, 4001, 4002, 4003, 4010],
-        {4000: "root", 4001: "child", 4002: "child", 4003: "child", 4010: "child"}, [],
+        {4000: "root", 4001: "child", 4002: "child", 4003: "child", 4010: "child"},
+        [],
     ),
     (
         "one-worker-pid-brings-the-whole-run",
-        [4002], [], True, None,
+        [4002],
+        [],
+        True,
+        None,
         [4000, 4001, 4002, 4003, 4010],
-        {4000: "launcher", 4001: "child", 4002: "root", 4003: "child", 4010: "child"}, [],
+        {4000: "launcher", 4001: "child", 4002: "root", 4003: "child", 4010: "child"},
+        [],
     ),
     (
         "include-launcher-off",
-        [4002], [], False, None,
-        [4002], {4002: "root"}, [],
+        [4002],
+        [],
+        False,
+        None,
+        [4002],
+        {4002: "root"},
+        [],
     ),
     (
         "a-plain-parent-is-not-part-of-the-run",
-        [6001], [P(6000, 1, "bash run.sh"), P(6001, 6000, "python train.py"), P(6002, 6000, "tail -f log")], True, None,
-        [6001], {6001: "root"}, [],
+        [6001],
+        [P(6000, 1, "bash run.sh"), P(6001, 6000, "python train.py"), P(6002, 6000, "tail -f log")],
+        True,
+        None,
+        [6001],
+        {6001: "root"},
+        [],
     ),
     (
         "python-m-torch-distributed-run-parent",
-        [6101], [P(6100, 1, "python -m torch.distributed.run --nproc_per_node 1 t.py"), P(6101, 6100, "python t.py")],
-        True, None,
-        [6100, 6101], {6100: "launcher", 6101: "root"}, [],
+        [6101],
+        [P(6100, 1, "python -m torch.distributed.run --nproc_per_node 1 t.py"), P(6101, 6100, "python t.py")],
+        True,
+        None,
+        [6100, 6101],
+        {6100: "launcher", 6101: "root"},
+        [],
     ),
     (
         "nested-launchers-walk-up",
         [6202],
-        [P(6200, 1, "/usr/bin/python3 /usr/local/bin/accelerate launch t.py"),
-         P(6201, 6200, "python -m torch.distributed.run t.py"), P(6202, 6201, "python t.py")],
-        True, None,
-        [6200, 6201, 6202], {6200: "launcher", 6201: "launcher", 6202: "root"}, [],
+        [
+            P(6200, 1, "/usr/bin/python3 /usr/local/bin/accelerate launch t.py"),
+            P(6201, 6200, "python -m torch.distributed.run t.py"),
+            P(6202, 6201, "python t.py"),
+        ],
+        True,
+        None,
+        [6200, 6201, 6202],
+        {6200: "launcher", 6201: "launcher", 6202: "root"},
+        [],
     ),
     (
         "protected-matches-are-excluded-not-expanded",
         [1, 700, 8000, SELF, 8990, 4001],
-        [], True, None,
+        [],
+        True,
+        None,
         [4000, 4001, 4002, 4003, 4010],
-        {4000: "launcher", 4001: "root", 4002: "child", 4003: "child", 4010: "child"}, [1, 700, 8000, 8990, SELF],
+        {4000: "launcher", 4001: "root", 4002: "child", 4003: "child", 4010: "child"},
+        [1, 700, 8000, 8990, SELF],
     ),
     (
         "run-started-under-sudo-and-screen",
         [6302],
-        [P(6300, 1, "SCREEN -dmS train", name="screen"), P(6301, 6300, "sudo -u trainer python t.py", name="sudo"),
-         P(6302, 6301, "python t.py")],
-        True, None,
-        [6302], {6302: "root"}, [],
+        [
+            P(6300, 1, "SCREEN -dmS train", name="screen"),
+            P(6301, 6300, "sudo -u trainer python t.py", name="sudo"),
+            P(6302, 6301, "python t.py"),
+        ],
+        True,
+        None,
+        [6302],
+        {6302: "root"},
+        [],
     ),
     (
         "protected-descendant-and-its-subtree-are-skipped",
         [6400],
-        [P(6400, 1, "python orchestrate.py"), P(6401, 6400, "sudo -u x cmd", name="sudo"), P(6402, 6401, "cmd"),
-         P(6403, 6400, "python worker.py")],
-        True, None,
-        [6400, 6403], {6400: "root", 6403: "child"}, [6401],
+        [
+            P(6400, 1, "python orchestrate.py"),
+            P(6401, 6400, "sudo -u x cmd", name="sudo"),
+            P(6402, 6401, "cmd"),
+            P(6403, 6400, "python worker.py"),
+        ],
+        True,
+        None,
+        [6400, 6403],
+        {6400: "root", 6403: "child"},
+        [6401],
     ),
     (
         "user-filter-drops-other-users",
         [4001, 4002, 4003],
         [P(6500, 4001, "python helper.py", user="root")],
-        True, "trainer",
-        [4000, 4001, 4002, 4003, 4010], None, [6500],
+        True,
+        "trainer",
+        [4000, 4001, 4002, 4003, 4010],
+        None,
+        [6500],
     ),
     (
         "user-filter-by-uid",
-        [4001], [], True, "1000",
-        [4000, 4001, 4002, 4003, 4010], None, [],
+        [4001],
+        [],
+        True,
+        "1000",
+        [4000, 4001, 4002, 4003, 4010],
+        None,
+        [],
     ),
     (
         "user-filter-excludes-everything",
-        [4001, 4002, 4003], [], True, "alice",
-        [], {}, [4001, 4002, 4003],
+        [4001, 4002, 4003],
+        [],
+        True,
+        "alice",
+        [],
+        {},
+        [4001, 4002, 4003],
     ),
     (
         "zombie-child-is-excluded",
-        [4001], [P(6600, 4001, "", name="python", status="zombie")], False, None,
-        [4001, 4010], {4001: "root", 4010: "child"}, [6600],
+        [4001],
+        [P(6600, 4001, "", name="python", status="zombie")],
+        False,
+        None,
+        [4001, 4010],
+        {4001: "root", 4010: "child"},
+        [6600],
     ),
     (
         "launcher-that-is-our-ancestor-stops-the-walk",
         [6702],
         [P(6700, 8990, "torchrun --standalone t.py"), P(6702, 6700, "python t.py")],
-        True, None,
-        [6702], {6702: "root"}, [],
+        True,
+        None,
+        [6702],
+        {6702: "root"},
+        [],
     ),
     ("nothing-selected", [], [], True, None, [], {}, []),
     ("selected-pid-vanished", [424242], [], True, None, [], {}, []),
@@ -312,7 +390,12 @@ def test_build_tree_reasons_and_process_dicts():
     assert reasons[6500] == "owned by root, not by user trainer"
     first = tree.processes()[0]
     assert first == {
-        "pid": 4000, "ppid": 1, "name": "python3", "username": "trainer", "status": "sleeping", "role": "launcher",
+        "pid": 4000,
+        "ppid": 1,
+        "name": "python3",
+        "username": "trainer",
+        "status": "sleeping",
+        "role": "launcher",
         "cmdline": "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node 3 train_dflash_pipeline.py --lr 1e-4",
         "create_time": 5000.0,
     }
@@ -328,12 +411,26 @@ def test_build_tree_reasons_and_process_dicts():
         ([], [1], []),
         (None, [1], []),
         (
-            [{"index": 0, "uuid": "GPU-a", "compute_processes": [{"pid": 4001, "name": "python3", "used_mib": 70000},
-                                                              {"pid": 777, "name": "other", "used_mib": 10}]},
-             {"index": 1, "uuid": "GPU-b", "compute_processes": [{"pid": 4002, "name": "python3", "used_mib": None}]}],
+            [
+                {
+                    "index": 0,
+                    "uuid": "GPU-a",
+                    "compute_processes": [
+                        {"pid": 4001, "name": "python3", "used_mib": 70000},
+                        {"pid": 777, "name": "other", "used_mib": 10},
+                    ],
+                },
+                {
+                    "index": 1,
+                    "uuid": "GPU-b",
+                    "compute_processes": [{"pid": 4002, "name": "python3", "used_mib": None}],
+                },
+            ],
             [4001, 4002, 4003],
-            [{"pid": 4001, "gpu_index": 0, "gpu_uuid": "GPU-a", "name": "python3", "used_mib": 70000},
-             {"pid": 4002, "gpu_index": 1, "gpu_uuid": "GPU-b", "name": "python3", "used_mib": None}],
+            [
+                {"pid": 4001, "gpu_index": 0, "gpu_uuid": "GPU-a", "name": "python3", "used_mib": 70000},
+                {"pid": 4002, "gpu_index": 1, "gpu_uuid": "GPU-b", "name": "python3", "used_mib": None},
+            ],
         ),
         ([{"index": 0, "uuid": "GPU-a", "compute_processes": [{"pid": None, "name": "?", "used_mib": 1}]}], [0], []),
         ([{"index": 0, "uuid": "GPU-a", "compute_processes": []}], [4001], []),
@@ -370,8 +467,13 @@ def spawn():
     def _spawn(setup: str = "", forever: bool = True) -> subprocess.Popen:
         token = f"procs-{uuid.uuid4().hex[:12]}"
         code = "\n".join(
-            ["import signal, sys, time", setup, "sys.stdout.write('ready\\n')", "sys.stdout.flush()",
-             "while True: time.sleep(1)" if forever else ""]
+            [
+                "import signal, sys, time",
+                setup,
+                "sys.stdout.write('ready\\n')",
+                "sys.stdout.flush()",
+                "while True: time.sleep(1)" if forever else "",
+            ]
         )
         proc = subprocess.Popen([sys.executable, "-c", code, token], stdout=subprocess.PIPE, text=True)
         started.append(proc)
@@ -402,8 +504,12 @@ def test_snapshot_sees_our_child_with_exact_identity(spawn):
     # every process flagged as a kernel thread has no command line (they are never matched)
     assert all(not i.cmdline for i in tab.values() if i.kernel_thread)
     again = procs.read_process(child.pid)
-    assert (again.pid, again.ppid, again.cmdline, again.start_ticks) == (info.pid, info.ppid, info.cmdline,
-                                                                         info.start_ticks)
+    assert (again.pid, again.ppid, again.cmdline, again.start_ticks) == (
+        info.pid,
+        info.ppid,
+        info.cmdline,
+        info.start_ticks,
+    )
 
 
 def test_read_process_of_a_reaped_pid_is_none(spawn):
@@ -505,8 +611,9 @@ def test_halt_tree_signals_latecomers_found_by_discover(spawn):
         calls.append(sorted(a.pid for a in alive))
         return [late_info] if len(calls) == 1 else []
 
-    result = procs.halt_tree([procs.read_process(stubborn.pid)], signal.SIGTERM, timeout=20, kill_after=0.3,
-                             discover=discover)
+    result = procs.halt_tree(
+        [procs.read_process(stubborn.pid)], signal.SIGTERM, timeout=20, kill_after=0.3, discover=discover
+    )
     assert calls[0] == [stubborn.pid]
     assert [m.pid for m in result.late_members] == [late.pid]
     assert {"pid": late.pid, "signal": "SIGTERM"} in result.signals_sent
