@@ -120,7 +120,9 @@ def _encode(tokenizer, text: str, chat: bool) -> list[int]:
     if tokenizer is None:
         raise SystemExit("error: the target directory has no tokenizer; use --prompt-ids")
     if chat:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -1,0 +1,80 @@
+"""CUDA-only properties: no host synchronisation and CUDA-graph capture (run with SGLANG_DDTREE_TEST_DEVICE=cuda)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_ddtree.tree import build_tree, build_tree_from_topk
+from sglang_ddtree.verify import greedy_walk, sampling_walk
+
+pytestmark = pytest.mark.cuda
+
+
+def _inputs(device, bsz=8, depth=15, vocab=4096, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn((bsz, depth, vocab), generator=gen, device=device).to(torch.bfloat16)
+    target = torch.randint(0, vocab, (bsz, 17), generator=gen, device=device)
+    return logits, target
+
+
+def test_no_host_sync(device):
+    logits, target = _inputs(device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tree = build_tree(logits, 16)
+        greedy_walk(tree, target)
+        probs = torch.softmax(torch.randn((8, 17, 64), device=device), -1)
+        sampling_walk(build_tree(logits[..., :64], 16), probs, torch.rand((8, 17), device=device))
+        lp = torch.log_softmax(logits.float(), -1)
+        top = torch.topk(lp, 16, dim=-1)
+        build_tree_from_topk(top.values, top.indices, 16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("budget", [8, 16, 32])
+def test_cuda_graph_capture_and_replay(budget, device):
+    logits, target = _inputs(device, seed=budget)
+    static_logits = logits.clone()
+    static_target = target[:, : budget + 1].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the graph
+            tree = build_tree(static_logits, budget)
+            greedy_walk(tree, static_target)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_tree = build_tree(static_logits, budget)
+        g_index, g_len, g_bonus = greedy_walk(g_tree, static_target)
+    for seed in range(3):
+        new_logits, new_target = _inputs(device, seed=100 + seed)
+        # make the target follow the best draft at depth 1 so the walk accepts something
+        eager = build_tree(new_logits, budget)
+        new_target = new_target[:, : budget + 1].clone()
+        new_target[:, 0] = eager.tokens[:, 0]
+        static_logits.copy_(new_logits)
+        static_target.copy_(new_target)
+        graph.replay()
+        torch.cuda.synchronize()
+        e_index, e_len, e_bonus = greedy_walk(eager, new_target)
+        for name in ("tokens", "parents", "depths", "ancestors", "first_child", "next_sibling", "num_nodes"):
+            assert torch.equal(getattr(g_tree, name), getattr(eager, name)), name
+        assert torch.equal(g_index, e_index) and torch.equal(g_len, e_len) and torch.equal(g_bonus, e_bonus)
+        assert int(e_len.min()) >= 1
+
+
+def test_cuda_matches_cpu_bitwise(device):
+    """Same float32 log-probabilities in, same tree out (log-softmax itself may differ by an ulp per device)."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randint(0, 3, (16, 15, 2000), generator=gen).float() + torch.randn((16, 15, 2000), generator=gen)
+    lp = torch.log_softmax(logits, -1)
+    lp[:, 3] = torch.log_softmax(torch.randint(0, 2, (16, 2000), generator=gen).float(), -1)  # heavy ties
+    ids = torch.arange(2000).expand(16, 15, 2000)
+    on_gpu = build_tree_from_topk(lp.to(device), ids.to(device), 32)
+    on_cpu = build_tree_from_topk(lp, ids, 32)
+    for name in ("tokens", "parents", "depths", "ancestors", "first_child", "next_sibling", "num_nodes", "scores"):
+        assert torch.equal(getattr(on_gpu, name).cpu(), getattr(on_cpu, name)), name
