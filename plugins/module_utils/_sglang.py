@@ -227,7 +227,7 @@ def _unique(items) -> list:
 
 
 # --------------------------------------------------------------------------------------------------
-# systemctl show
+# systemctl show, unit files
 # --------------------------------------------------------------------------------------------------
 
 #: Properties the module asks ``systemctl show`` for.
@@ -238,7 +238,9 @@ UNIT_PROPERTIES = (
     "SubState",
     "FragmentPath",
     "DropInPaths",
+    "NeedDaemonReload",
     "ExecStart",
+    "ExecStartEx",
     "Environment",
     "EnvironmentFiles",
     "User",
@@ -252,7 +254,8 @@ def parse_systemctl_show(text: str) -> dict[str, Any]:
     """``systemctl show UNIT`` output (``Key=value`` lines) as a dict.
 
     A key that appears more than once (ExecStart of a unit with several commands) maps to a list of
-    its values in order; every other value is the raw string. Lines without ``=`` are ignored.
+    its values in order; every other value is the raw string. Lines without ``=`` and lines whose key
+    holds a space (comments) are ignored.
     """
     props: dict[str, Any] = {}
     for line in (text or "").splitlines():
@@ -260,7 +263,7 @@ def parse_systemctl_show(text: str) -> dict[str, Any]:
             continue
         key, value = line.split("=", 1)
         key = key.strip()
-        if not key or " " in key:
+        if not key or " " in key or key.startswith("#"):
             continue
         if key in props:
             if not isinstance(props[key], list):
@@ -273,67 +276,62 @@ def parse_systemctl_show(text: str) -> dict[str, Any]:
 
 _EXEC_KEYS = ("path", "argv[]", "flags", "ignore_errors", "start_time", "stop_time", "pid", "code", "status")
 _EXEC_SPLIT_RE = re.compile(r" ; (?=(?:" + "|".join(re.escape(k) for k in _EXEC_KEYS) + r")=)")
+#: ExecStartEx ``flags=`` names and the ExecStart prefix each stands for (systemd.service(5)).
+EXEC_FLAG_PREFIXES = {
+    "ignore-failure": "-",
+    "privileged": "+",
+    "no-setuid": "!",
+    "ambient": "!!",
+    "no-env-expand": ":",
+}
 
 
 def parse_exec_property(value: str | list[str]) -> list[dict[str, Any]]:
-    """The commands of an Exec* property as ``systemctl show`` prints it.
+    """The commands of an ExecStart/ExecStartEx property as ``systemctl show`` prints it.
 
-    Each command is ``{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m x --a b ; ignore_errors=no ;
-    start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }`` (ExecStartEx prints
-    ``flags=`` instead of ``ignore_errors=``). Returns ``[{"path", "argv" (list), "ignore_errors" (bool),
-    "flags" (str)}]``. ``argv[]`` is split with systemd's quoting rules (newer systemd quotes words that
-    hold spaces; older ones join them with plain spaces, which cannot be undone).
-    Raises ValueError when a ``{ ... }`` block has no ``argv[]``.
+    Each command is one line ``{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m x --a b ;
+    ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }``
+    (ExecStartEx prints ``flags=ignore-failure ...`` instead of ``ignore_errors=``); ``value`` is one
+    such line, several lines, or a list of them (``parse_systemctl_show`` of a unit with several).
+
+    systemctl prints argv[] as the words joined with single spaces, WITHOUT quoting (systemd 252,
+    ``strv_join(info.argv, " ")``), so ``argv`` here is that text split at whitespace: a word that held
+    a space comes back as several words. Read the unit file (``unit_exec_starts``) for exact words.
+    Returns ``[{"path", "argv", "ignore_errors", "flags", "prefix"}]``; ``prefix`` is the ExecStart
+    prefix the flags stand for, plus ``@`` when path differs from argv[0].
+    Raises ValueError for a line that is not a ``{ ... }`` block or has no argv[].
     """
     values = value if isinstance(value, list) else [value]
     commands: list[dict[str, Any]] = []
     for text in values:
-        for block in _exec_blocks(text or ""):
+        for line in (text or "").splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            if not (line.startswith("{") and line.endswith("}")):
+                raise ValueError(f"not an Exec property block {{ path=... ; argv[]=... }}: {line!r}")
             fields: dict[str, str] = {}
-            for part in _EXEC_SPLIT_RE.split(block):
+            for part in _EXEC_SPLIT_RE.split(line[1:-1].strip()):
                 if "=" in part:
                     k, v = part.split("=", 1)
                     fields[k.strip()] = v
             if "argv[]" not in fields:
-                raise ValueError(f"no argv[] in the Exec property block {{ {block} }}")
-            argv = split_command_line(fields["argv[]"])
-            flags = fields.get("flags", "").strip()
-            commands.append(
-                {
-                    "path": fields.get("path", argv[0] if argv else "").strip(),
-                    "argv": argv,
-                    "ignore_errors": fields.get("ignore_errors", "no").strip() == "yes" or "ignore-failure" in flags,
-                    "flags": flags,
-                }
-            )
+                raise ValueError(f"no argv[] in the Exec property block {line!r}")
+            argv = fields["argv[]"].split()
+            flags = fields.get("flags", "").split()
+            ignore = fields.get("ignore_errors", "no").strip() == "yes" or "ignore-failure" in flags
+            path = fields.get("path", "").strip() or (argv[0] if argv else "")
+            prefix = "@" if argv and path != argv[0] else ""
+            prefix += "".join(p for f, p in EXEC_FLAG_PREFIXES.items() if f in flags)
+            if ignore and "-" not in prefix:
+                prefix += "-"
+            commands.append({"path": path, "argv": argv, "ignore_errors": ignore, "flags": flags, "prefix": prefix})
     return commands
 
 
-def _exec_blocks(text: str) -> list[str]:
-    """The insides of the top-level ``{ ... }`` blocks (quote-aware) of an Exec property value."""
-    blocks, depth, start, quote, i = [], 0, 0, "", 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'" and depth:
-            quote = ch
-        elif ch == "{" and (i == 0 or text[i - 1] in " \t") and depth == 0:
-            depth, start = 1, i + 1
-        elif ch == "}" and depth == 1 and text[i - 1] in " \t":
-            blocks.append(text[start:i].strip())
-            depth = 0
-        i += 1
-    if depth:
-        raise ValueError(f"unterminated '{{' in the Exec property value: {text!r}")
-    return blocks
-
-
 def parse_environment_property(value: str) -> dict[str, str]:
-    """The ``Environment=`` property (``A=1 "B=two words"``) as an ordered dict; later entries win."""
+    """The ``Environment=`` property (``A=1 "B=two words"``; systemctl quotes entries with spaces) as an
+    ordered dict; later entries win."""
     env: dict[str, str] = {}
     for word in split_command_line(value or "", separators=False):
         if "=" in word:
@@ -371,31 +369,88 @@ def parse_environment_file(text: str) -> dict[str, str]:
     return env
 
 
+def unit_file_entries(text: str) -> list[tuple[str, str, str]]:
+    """``(section, key, value)`` of every assignment in a unit file, in order.
+
+    Comment lines (``#``, ``;``) and blank lines are skipped; a trailing backslash continues the value on
+    the next line (joined with a space, comment lines inside are skipped), as systemd reads unit files.
+    """
+    entries: list[tuple[str, str, str]] = []
+    section = ""
+    lines = (text or "").splitlines()
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        i += 1
+        if not stripped or stripped[0] in "#;":
+            continue
+        if stripped.startswith("[") and stripped.endswith("]"):
+            section = stripped[1:-1].strip()
+            continue
+        logical = stripped
+        while _continues(logical) and i < len(lines):
+            nxt = lines[i].strip()
+            i += 1
+            if nxt[:1] in ("#", ";"):
+                continue
+            logical = logical[:-1] + " " + nxt
+        if _continues(logical):
+            logical = logical[:-1]
+        if "=" in logical:
+            key, value = logical.split("=", 1)
+            entries.append((section, key.strip(), value.strip()))
+    return entries
+
+
+def _continues(line: str) -> bool:
+    return line.endswith("\\") and not line.endswith("\\\\")
+
+
+def unit_exec_starts(texts: list[str]) -> list[str]:
+    """The ExecStart values in effect after reading a unit file and then its drop-ins (``texts`` in that
+    order): each ``ExecStart=`` in [Service] appends a command, an empty one clears the list."""
+    commands: list[str] = []
+    for text in texts:
+        for section, key, value in unit_file_entries(text):
+            if section == "Service" and key == "ExecStart":
+                if value:
+                    commands.append(value)
+                else:
+                    commands = []
+    return commands
+
+
 def unit_info_from_show(props: dict[str, Any], name: str) -> dict[str, Any]:
     """The unit facts the module returns, from ``parse_systemctl_show`` output.
 
-    Raises ValueError when the unit does not exist or has no ExecStart.
+    ``argv``/``exec_start`` come from ExecStartEx (or ExecStart) and so have the whitespace caveat of
+    ``parse_exec_property``; the module replaces them with the unit file's exact words when it can read
+    the file. Raises ValueError when the unit does not exist or has no ExecStart.
     """
     load_state = _first(props.get("LoadState", ""))
     if load_state in ("not-found", "") and not _first(props.get("FragmentPath", "")):
         raise ValueError(f"systemd unit {name!r} not found (LoadState={load_state or 'unknown'})")
-    commands = parse_exec_property(props.get("ExecStart", "")) if props.get("ExecStart") else []
+    raw = props.get("ExecStartEx") or props.get("ExecStart")
+    commands = parse_exec_property(raw) if raw else []
     if not commands:
         raise ValueError(f"systemd unit {name!r} has no ExecStart")
-    argv = commands[0]["argv"]
     workdir = _first(props.get("WorkingDirectory", "")).strip()
     workdir = workdir.lstrip("-!") if workdir not in ("", "!") else ""
     main_pid = _first(props.get("MainPID", "0")).strip()
+    cmd = commands[0]
     return {
         "name": _first(props.get("Id", "")) or name,
         "load_state": load_state,
         "active_state": _first(props.get("ActiveState", "")),
         "sub_state": _first(props.get("SubState", "")),
         "fragment_path": _first(props.get("FragmentPath", "")),
-        "drop_in_paths": split_command_line(_first(props.get("DropInPaths", "")), separators=False),
-        "exec_start": render_argv(argv),
-        "exec_path": commands[0]["path"],
-        "argv": argv,
+        "drop_in_paths": _first(props.get("DropInPaths", "")).split(),
+        "need_daemon_reload": _first(props.get("NeedDaemonReload", "")) == "yes",
+        "exec_start": cmd["prefix"] + " ".join(([cmd["path"]] if "@" in cmd["prefix"] else []) + cmd["argv"]),
+        "exec_start_source": "systemctl show",
+        "exec_path": cmd["path"],
+        "exec_prefix": cmd["prefix"],
+        "argv": cmd["argv"],
         "exec_commands": len(commands),
         "environment": parse_environment_property(_first(props.get("Environment", ""))),
         "environment_files": parse_environment_files_property(_first(props.get("EnvironmentFiles", ""))),
@@ -584,14 +639,15 @@ def _is_flag(word: str) -> bool:
     return word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER_RE.match(word)
 
 
-def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
+def parse_exec_start(value: str | list[str] | dict[str, Any]) -> dict[str, Any]:
     """Parse an SGLang ExecStart into its parts.
 
     ``value`` is a unit-file ExecStart value (``ExecStart=`` optional, quotes, continuations, prefixes
-    ``@ - : + ! !! |``), the ``{ path=... ; argv[]=... }`` form ``systemctl show`` prints, or an argv list.
+    ``@ - : + ! !! |``), the ``{ path=... ; argv[]=... }`` form ``systemctl show`` prints (or one command
+    of ``parse_exec_property``), or an argv list.
     Returns a dict:
     - ``prefix``: the systemd special prefix characters (``""`` when none); ``path``: the executable
-      systemd runs (differs from argv[0] only with the ``@`` prefix);
+      systemd runs (differs from argv[0] only with the ``@`` prefix, and then it decides ``interpreter``);
     - ``argv``: the words; ``launcher``: words before the program (``/usr/bin/env`` and its options and
       ``NAME=value`` assignments); ``env_assignments``: those assignments as a dict;
     - ``program``: the word that names the program; ``interpreter``: the same when it is a Python
@@ -641,6 +697,7 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
         raise ValueError(f"ExecStart {render_argv(argv)!r} names no program after {argv[0]}")
     program = argv[i]
     i += 1
+    executable = path if ("@" in prefix and path and i == 1) else program
     parsed: dict[str, Any] = {
         "prefix": prefix,
         "path": path or program,
@@ -648,7 +705,7 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
         "launcher": launcher,
         "env_assignments": env_assignments,
         "program": program,
-        "interpreter": program if is_python(program) else None,
+        "interpreter": executable if is_python(executable) else None,
         "python_options": [],
         "module": None,
         "script": None,
@@ -682,18 +739,22 @@ def parse_exec_start(value: str | list[str]) -> dict[str, Any]:
     return parsed
 
 
-def _exec_words(value: str | list[str]) -> tuple[str, str, list[str], str]:
+def _exec_words(value: str | list[str] | dict[str, Any]) -> tuple[str, str, list[str], str]:
     """(prefix, path, argv, source) of an ExecStart value in any of the accepted forms."""
+    if isinstance(value, dict):
+        words = [str(w) for w in value.get("argv", [])]
+        path = str(value.get("path") or (words[0] if words else ""))
+        return str(value.get("prefix", "")), path, words, "systemctl_show"
     if isinstance(value, (list, tuple)):
         words = [str(w) for w in value]
         return "", words[0] if words else "", words, "argv"
     text = join_continuation_lines(str(value)).strip()
-    text = re.sub(r"^ExecStart\s*=\s*", "", text)
+    text = re.sub(r"^ExecStart(?:Ex)?\s*=\s*", "", text)
     if text.startswith("{"):
         commands = parse_exec_property(text)
         if len(commands) != 1:
             raise ValueError(f"expected one command in the ExecStart property, found {len(commands)}")
-        return "", commands[0]["path"], commands[0]["argv"], "systemctl_show"
+        return _exec_words(commands[0])
     m = re.match(r"^([" + re.escape(EXEC_PREFIX_CHARS) + r"]*)", text)
     prefix = m.group(1) if m else ""
     words = split_command_line(text[len(prefix) :])
@@ -879,12 +940,12 @@ def replace_speculative_flags(flags: dict[str, Any], new_spec_flags: dict[str, A
       a kept flag replaces its value in place (e.g. ``disable-overlap-schedule: true``); a value of None
       or False removes that flag; the remaining new flags are inserted, in their given order, where the
       first dropped speculative flag stood (at the end when there was none).
-    Values: True for a bare flag, a list for several values, anything else is written as a string.
-    ``flags`` is not modified.
+    Values: True for a bare flag, a list for several values, anything else becomes a string (``16`` ->
+    ``"16"``), as ``parse_exec_start`` gives them. ``flags`` is not modified.
     """
     new_norm: dict[str, Any] = {}
     for k, v in (new_spec_flags or {}).items():
-        new_norm[normalize_flag(k)] = v
+        new_norm[normalize_flag(k)] = _flag_value(v)
     kept: list[tuple[str, Any]] = []
     insert_at = None
     for flag, value in (flags or {}).items():
@@ -901,6 +962,15 @@ def replace_speculative_flags(flags: dict[str, Any], new_spec_flags: dict[str, A
     if insert_at is None:
         insert_at = len(kept)
     return dict(kept[:insert_at] + added + kept[insert_at:])
+
+
+def _flag_value(value: Any) -> Any:
+    """A flag value as ``parse_flags`` gives them: True, None/False (remove), a list of strings, a string."""
+    if value is True or value is False or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return str(value)
 
 
 def speculative_flags(flags: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ version_added: "0.1.0"
 description:
   - Runs a short probe script in the Python interpreter of an SGLang environment and reports the SGLang
     version, the interpreter, its site-packages, the torch version, the speculative algorithms SGLang's
-    own help lists, the algorithms registered after SGLang's C(load_plugins()) ran, the plugin entry points
+    own help lists, the algorithms registered after SGLang's C(load_plugins) ran, the plugin entry points
     seen, whether SGLang has the plugin API, which DFLASH worker it ships, and whether the DDTree plugin
     (sglang-ddtree) is supported and registered there.
   - The interpreter is given with O(python), or taken from a systemd unit (O(unit)) - the first word of its
@@ -20,15 +20,15 @@ description:
     unit's PATH), or the C(#!) line of a console script such as C(/opt/venv/bin/sglang). With O(unit) the probe
     runs with the unit's C(Environment=) and C(EnvironmentFile=) values, in its C(WorkingDirectory=), and as its
     C(User=) (see O(run_as_unit_user)), so it sees what the service sees (including C(SGLANG_PLUGINS)).
-  - The probe imports sglang, calls C(sglang.srt.plugins.load_plugins()) (SGLang 0.5.11+) while recording
+  - The probe imports sglang, calls C(sglang.srt.plugins.load_plugins) (SGLang 0.5.11+) while recording
     each plugin's fate from SGLang's own log records, lists C(SpeculativeAlgorithm) members and the plugin
     registry, checks C(SpeculativeAlgorithm.register) (0.5.12+), and finds the DFLASH worker by module spec
-    (C(dflash_worker_v2) = v2, C(dflash_worker) = v1) without importing it. It never fails on an old SGLang: what
+    (C(dflash_worker_v2) = v2, C(dflash_worker) = v1) without importing it. It never fails on an old SGLang; what
     is missing is reported as false/none.
-  - With O(help=true) it also runs C(python -m sglang.launch_server --help) (a few seconds) and reads the
+  - "With O(help=true) it also runs C(python -m sglang.launch_server --help) (a few seconds) and reads the
     C(--speculative-algorithm) choices in both forms SGLang has printed - the argparse list
     C({DFLASH,EAGLE,...}) (0.5.10, 0.5.11, no plugin can add a name) and the free text
-    C(Builtins: ... Or any name registered via SpeculativeAlgorithm.register) (0.5.12+).
+    C(Builtins: ... Or any name registered via SpeculativeAlgorithm.register) (0.5.12+)."
   - With O(unit) it also returns the unit's ExecStart parsed into interpreter, module, flags and leftover
     arguments (RV(exec_start_parsed)) and, with O(speculative_flags), the ExecStart with every speculative flag
     replaced (RV(exec_start_new)), computed by the same code the roles use.
@@ -78,9 +78,9 @@ options:
     default: true
   speculative_flags:
     description:
-      - With O(unit), the speculative flags the service should run with instead of its current ones, as
-        C(flag: value) (keys with or without C(--), C(_) or C(-); C(true) for a bare flag, a list for several
-        values, C(null) or C(false) to remove a flag).
+      - With O(unit), the speculative flags the service should run with instead of its current ones, as a
+        mapping of flag to value (keys with or without C(--), C(_) or C(-); C(true) for a bare flag, a list for
+        several values, C(null) or C(false) to remove a flag).
       - Every C(--speculative-*) flag of the current ExecStart (and C(--enable-multi-layer-eagle),
         C(--uno-lora-path), C(--enable-linear-replayssm-spec)) is dropped, every other flag is kept in order, and
         the new flags go where the first old speculative flag stood. A key naming a kept flag replaces its value
@@ -102,10 +102,16 @@ attributes:
     support: full
     platforms: posix
 notes:
-  - ExecStart is read from C(systemctl show), whose C(argv[]) has C(%) specifiers already expanded; the rendered
-    RV(exec_start_new.value) therefore writes a literal C(%) as C(%%). C($VAR) references are kept as written.
-  - The module parses ExecStart in the C({ path=... ; argv[]=... }) form systemctl prints. A unit with several
-    ExecStart commands is reported through the first one, with a warning.
+  - With O(unit), ExecStart is read from the unit file (C(FragmentPath)) and its drop-ins, whose quoting is exact;
+    C(%) specifiers and C($VAR) references stay as written there, and RV(exec_start_new) keeps them. When the file
+    cannot be read, the C({ path=... ; argv[]=... }) form of C(systemctl show) is used with a warning - systemctl
+    joins the words with spaces without quoting, so a word holding a space shows as several words there.
+  - A unit file whose ExecStart differs from what systemd loaded (no C(daemon-reload) since the edit) gives a
+    warning; RV(unit.need_daemon_reload) reports systemd's own view.
+  - A unit with several ExecStart commands is reported through the first one, with a warning.
+  - The probe sees the unit's environment as read from C(Environment=), C(EnvironmentFile=) and C(env NAME=value)
+    words of ExecStart, plus the environment the module itself runs with; it is not a copy of the service's
+    process environment (systemd's own variables such as C(INVOCATION_ID) are missing).
 seealso:
   - module: specdec.pivot.gpu_memory
   - module: specdec.pivot.training_process
@@ -147,6 +153,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+msg:
+  description: One line summing up the result.
+  returned: always
+  type: str
+  sample: "sglang 0.5.23 in /opt/sglang/.venv/bin/python: plugin API available, DFLASH worker v2; DDTREE registered"
 sglang:
   description: SGLang in the probed interpreter.
   returned: always
@@ -174,7 +185,7 @@ python:
       description: C(sys.executable).
       type: str
     version:
-      description: C(platform.python_version()).
+      description: C(platform.python_version).
       type: str
       sample: 3.11.7
     requested:
@@ -226,7 +237,7 @@ builtin_algorithms:
   type: list
   elements: str
 plugin_algorithms:
-  description: Names in SGLang's plugin registry after C(load_plugins()) (0.5.12+), e.g. C(DDTREE).
+  description: Names in SGLang's plugin registry after C(load_plugins) (0.5.12+), e.g. C(DDTREE).
   returned: always
   type: list
   elements: str
@@ -237,8 +248,8 @@ registered_algorithms:
   elements: str
 plugins_loaded:
   description:
-    - Entry points of group C(sglang.srt.plugins) (name, value, dist, dist_version) with what C(load_plugins())
-      did with each (C(loaded), C(executed): true/false/null, C(error)).
+    - Entry points of group C(sglang.srt.plugins) (name, value, dist, dist_version) with what C(load_plugins)
+      did with each (C(loaded) and C(executed), each true, false or null, and C(error)).
   returned: always
   type: list
   elements: dict
@@ -277,7 +288,7 @@ ddtree:
       type: bool
     registered:
       description:
-        - DDTREE is in the registry after C(load_plugins()) and C(SpeculativeAlgorithm.from_string) resolves it.
+        - DDTREE is in the registry after C(load_plugins) and C(SpeculativeAlgorithm.from_string) resolves it.
       type: bool
     plugin_installed:
       description: The C(sglang_ddtree) package is importable.
@@ -286,7 +297,7 @@ ddtree:
       description: sglang-ddtree's version, or null.
       type: str
     plugin_status:
-      description: The plugin's own C(last_status) after C(load_plugins()) (C(registered), C(skipped... )), or null.
+      description: The plugin's own C(last_status) after C(load_plugins) (C(registered), C(skipped) with a reason, ...), or null.
       type: str
     entry_point:
       description: The sglang-ddtree entry of RV(plugins_loaded), or null.
@@ -325,12 +336,25 @@ unit:
       description: The unit file.
       type: str
     exec_start:
-      description: ExecStart's argv as one command line, each word quoted for systemd where needed.
+      description: ExecStart as one line (prefix, words quoted for systemd where needed).
+      type: str
+    exec_start_source:
+      description: C(unit file) (exact words) or C(systemctl show) (the fallback; see the notes).
       type: str
     argv:
-      description: ExecStart's argv.
+      description: ExecStart's words (after the C(@) path, when there is one).
       type: list
       elements: str
+    exec_commands:
+      description: How many ExecStart commands the unit has.
+      type: int
+    drop_in_paths:
+      description: The unit's drop-in files.
+      type: list
+      elements: str
+    need_daemon_reload:
+      description: systemd's C(NeedDaemonReload).
+      type: bool
     environment:
       description: C(Environment=) values.
       type: dict
@@ -441,9 +465,52 @@ def read_unit(module: AnsibleModule, unit: str) -> dict:
         info = _sglang.unit_info_from_show(_sglang.parse_systemctl_show(out), unit)
     except ValueError as exc:
         raise ProbeError(f"unit={unit}: {exc}; check the name with `systemctl list-units --all '*sglang*'`") from exc
-    if info["exec_commands"] > 1:
-        module.warn(f"unit {unit} has {info['exec_commands']} ExecStart commands; only the first one is used")
     return info
+
+
+def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
+    """Parse the unit's ExecStart from its unit file and drop-ins (exact words), else from systemctl show.
+
+    Updates ``info`` (exec_start, exec_start_source, argv, exec_commands) and returns the parsed ExecStart.
+    """
+    texts, why = [], ""
+    paths = [info["fragment_path"], *info["drop_in_paths"]] if info["fragment_path"] else []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                texts.append(fh.read())
+        except OSError as exc:
+            why = f"cannot read {path}: {exc.strerror or exc}"
+            break
+    commands = _sglang.unit_exec_starts(texts) if paths and not why else []
+    if paths and not why and not commands:
+        why = f"no ExecStart= in {', '.join(paths)}"
+    if not paths:
+        why = "the unit has no unit file (FragmentPath is empty)"
+    try:
+        if commands:
+            parsed = _sglang.parse_exec_start(commands[0])
+            loaded = info["argv"]
+            if "%" not in commands[0] and " ".join(parsed["argv"]).split() != loaded:
+                module.warn(
+                    f"the ExecStart in {info['fragment_path']} differs from the one systemd has loaded "
+                    f"({' '.join(loaded)!r}); run `systemctl daemon-reload` (the unit file's is reported)"
+                )
+            info.update(exec_start_source="unit file", argv=parsed["argv"], exec_commands=len(commands))
+        else:
+            parsed = _sglang.parse_exec_start(
+                {"path": info["exec_path"], "argv": info["argv"], "prefix": info["exec_prefix"]}
+            )
+            module.warn(
+                f"ExecStart of {info['name']} read from systemctl show ({why}): systemctl joins the words with "
+                "spaces, so a word holding a space shows as several words"
+            )
+    except ValueError as exc:
+        raise ProbeError(f"unit={info['name']}: cannot parse ExecStart: {exc}") from exc
+    info["exec_start"] = _sglang.render_exec_start(parsed)
+    if info["exec_commands"] > 1:
+        module.warn(f"unit {info['name']} has {info['exec_commands']} ExecStart commands; only the first one is used")
+    return parsed
 
 
 def unit_environment(module: AnsibleModule, info: dict) -> dict:
@@ -543,6 +610,22 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def summary_message(r: dict) -> str:
+    py = r["python"].get("path") or r["python"].get("requested")
+    if not r["sglang"]["installed"]:
+        return (
+            f"sglang is not installed in {py}; point python= (or the unit's ExecStart) at the SGLang "
+            "environment's interpreter"
+        )
+    if r["sglang"]["error"]:
+        return f"sglang {r['sglang']['version']} in {py} does not import: {r['sglang']['error']}"
+    api = "plugin API available" if r["plugin_api"]["available"] else "no plugin API"
+    return (
+        f"sglang {r['sglang']['version']} in {py}: {api}, DFLASH worker {r['dflash_worker']}; "
+        f"DDTREE {'registered' if r['ddtree']['registered'] else 'not registered'} ({r['ddtree']['reason']})"
+    )
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -563,10 +646,7 @@ def main() -> None:
         if p["unit"]:
             info = read_unit(module, p["unit"])
             env = unit_environment(module, info)
-            try:
-                parsed = _sglang.parse_exec_start(info["argv"])
-            except ValueError as exc:
-                raise ProbeError(f"unit={p['unit']}: cannot parse ExecStart {info['exec_start']!r}: {exc}") from exc
+            parsed = unit_exec_start(module, info)
             env.update(parsed["env_assignments"])
             python, source = resolve_interpreter(parsed, p["unit"], env)
             result["unit"] = info
@@ -647,6 +727,7 @@ def main() -> None:
         caps = _sglang.summarize_capabilities(probe, help_result)
         caps["python"] = dict(caps["python"], requested=python, source=source, run_as=run_user)
         result.update(caps)
+        result["msg"] = summary_message(result)
     except ProbeError as exc:
         module.fail_json(msg=str(exc), **result)
     module.exit_json(**result)
