@@ -493,6 +493,12 @@ gpu:
     waited_s:
       description: Seconds spent waiting for the release.
       type: float
+    error:
+      description: Why the GPUs could not be read (only when the check failed, e.g. a hanging C(nvidia-smi)).
+      type: str
+    error_kind:
+      description: The class of that failure (V(timeout), V(driver_mismatch), V(other)).
+      type: str
   sample: {checked: false, released: null, skipped_reason: "no NVIDIA GPU: nvidia-smi not found", still_on_gpu: []}
 """
 
@@ -835,11 +841,20 @@ def main() -> None:
                 result["processes"] = result["processes"] + [p.as_dict(_procs.ROLE_CHILD) for p in halt.late_members]
                 result["pids"] = result["pids"] + result["late_pids"]
             if halt.survivors:
+                if params["escalate"] or signame == "SIGKILL":
+                    why = (
+                        "; they did not exit even after SIGKILL, so they are in uninterruptible sleep (state D: a "
+                        "GPU driver teardown, a hung NFS mount); raise timeout, or look at /proc/<pid>/stack"
+                    )
+                else:
+                    why = "; escalate=false, so no SIGKILL was sent: raise timeout or set escalate=true"
                 failure = (
                     f"{len(halt.survivors)} processes of the run are still alive after {halt.elapsed_s}s: pids "
                     + ", ".join(str(p.pid) for p in halt.survivors)
-                    + ("" if params["escalate"] else " (escalate=false, so no SIGKILL was sent)")
-                    + "; see survivors. Raise timeout, or enable escalate."
+                    + why
+                )
+                gpu["skipped_reason"] = (
+                    "processes of the run survived" if params["wait_gpu_release"] else (gpu["skipped_reason"])
                 )
             elif params["wait_gpu_release"]:
                 gpu = wait_gpu_release(module, result["pids"])
@@ -862,8 +877,9 @@ def main() -> None:
     if params["checkpoint_dir"]:
         result["checkpoint"] = read_checkpoint(module)
 
-    after = [] if (params["state"] == "absent" and not (halt and halt.survivors)) else before
-    if halt and halt.survivors:
+    if params["state"] == "present":
+        after = before
+    else:  # absent: nothing runs afterwards, except survivors of a failed halt
         after = result["survivors"]
     if module._diff:
         result["diff"] = {
