@@ -590,7 +590,9 @@ _SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./${}~^\[\]-]+$")
 
 def quote_word(word: str) -> str:
     """Quote one word for a systemd command line so ``split_command_line`` reads it back unchanged."""
-    if word and _SAFE_WORD_RE.match(word) and word != ";":
+    if word == ";":
+        return "\\;"  # systemd reads a lone ; (quoted or not) as a command separator; \; is the literal word
+    if word and _SAFE_WORD_RE.match(word):
         return word
     out = []
     for ch in word:
