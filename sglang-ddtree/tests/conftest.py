@@ -46,8 +46,13 @@ def tiny_random_dirs(tmp_path_factory):
     from sglang_ddtree.reference import make_tiny_models
 
     return make_tiny_models(
-        tmp_path_factory.mktemp("tiny_random"), seed=0, vocab_size=48, block_size=6, dtype="float32",
-        with_tokenizer=False, **TINY_DIMS,
+        tmp_path_factory.mktemp("tiny_random"),
+        seed=0,
+        vocab_size=48,
+        block_size=6,
+        dtype="float32",
+        with_tokenizer=False,
+        **TINY_DIMS,
     )
 
 
@@ -57,8 +62,14 @@ def tiny_aligned_dirs(tmp_path_factory):
     from sglang_ddtree.reference import make_tiny_models
 
     return make_tiny_models(
-        tmp_path_factory.mktemp("tiny_aligned"), seed=1, vocab_size=96, block_size=5, dtype="float32",
-        with_tokenizer=False, aligned=True, **TINY_DIMS,
+        tmp_path_factory.mktemp("tiny_aligned"),
+        seed=1,
+        vocab_size=96,
+        block_size=5,
+        dtype="float32",
+        with_tokenizer=False,
+        aligned=True,
+        **TINY_DIMS,
     )
 
 

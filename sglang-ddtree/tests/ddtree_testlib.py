@@ -54,7 +54,9 @@ def heap_tree(logprobs_row: np.ndarray, budget: int) -> list[RefNode]:
         nodes.append(RefNode(cands[depth - 1][rank][1], depth, parent, score, ranks))
         me = len(nodes)
         if rank + 1 < k:
-            heapq.heappush(heap, (-(parent_score + cands[depth - 1][rank + 1][0]), (*ranks[:-1], rank + 1), parent, parent_score))
+            heapq.heappush(
+                heap, (-(parent_score + cands[depth - 1][rank + 1][0]), (*ranks[:-1], rank + 1), parent, parent_score)
+            )
         if depth < depth_limit:
             heapq.heappush(heap, (-(score + cands[depth][0][0]), (*ranks, 0), me, score))
     return nodes
@@ -100,7 +102,11 @@ def naive_walk(tokens: list[int], parents: list[int], target: list[int]) -> tupl
 
 def chi2_sf(stat: float, dof: int) -> float:
     """Survival function of the chi-square distribution (regularised upper incomplete gamma)."""
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def chi2_test(counts: dict, probs: dict, min_expected: float = 5.0) -> float:

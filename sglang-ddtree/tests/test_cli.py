@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
-from sglang_ddtree.cli import main  # noqa: E402
+from sglang_ddtree.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,24 @@ def test_make_tiny_output(cli_models, capsys):
 
 
 def test_generate_check_json(cli_models, capsys):
-    code = main([
-        "generate", "--target", str(cli_models / "target"), "--drafter", str(cli_models / "drafter"),
-        "--prompt", "def tree", "--max-new-tokens", "16", "--budget", "6", "--check", "--json", "--no-stop",
-    ])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(cli_models / "target"),
+            "--drafter",
+            str(cli_models / "drafter"),
+            "--prompt",
+            "def tree",
+            "--max-new-tokens",
+            "16",
+            "--budget",
+            "6",
+            "--check",
+            "--json",
+            "--no-stop",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["matches_greedy"] is True
@@ -42,10 +56,24 @@ def test_generate_check_json(cli_models, capsys):
 
 
 def test_generate_text_output_and_prompt_ids(tiny_random_dirs, capsys):
-    code = main([
-        "generate", "--target", str(tiny_random_dirs.target_dir), "--drafter", str(tiny_random_dirs.drafter_dir),
-        "--prompt-ids", "5,6,7", "--max-new-tokens", "8", "--budget", "4", "--dtype", "float64", "--check",
-    ])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(tiny_random_dirs.target_dir),
+            "--drafter",
+            str(tiny_random_dirs.drafter_dir),
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "8",
+            "--budget",
+            "4",
+            "--dtype",
+            "float64",
+            "--check",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0
     assert "mean acceptance length (tokens per target pass):" in out.out
@@ -56,10 +84,23 @@ def test_generate_text_output_and_prompt_ids(tiny_random_dirs, capsys):
 def test_stats(cli_models, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["import os", "class Tree:", "the draft"]))
-    code = main([
-        "stats", "--target", str(cli_models / "target"), "--drafter", str(cli_models / "drafter"),
-        "--prompts", str(prompts), "--budgets", "1,8", "--max-new-tokens", "10", "--json", "--chat",
-    ])
+    code = main(
+        [
+            "stats",
+            "--target",
+            str(cli_models / "target"),
+            "--drafter",
+            str(cli_models / "drafter"),
+            "--prompts",
+            str(prompts),
+            "--budgets",
+            "1,8",
+            "--max-new-tokens",
+            "10",
+            "--json",
+            "--chat",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["prompts"] == 3
@@ -72,10 +113,22 @@ def test_stats(cli_models, tmp_path, capsys):
 def test_stats_markdown_table(cli_models, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\n\ntwo\n")
-    assert main([
-        "stats", "--target", str(cli_models / "target"), "--drafter", str(cli_models / "drafter"),
-        "--prompts", str(prompts), "--max-new-tokens", "4",
-    ]) == 0
+    assert (
+        main(
+            [
+                "stats",
+                "--target",
+                str(cli_models / "target"),
+                "--drafter",
+                str(cli_models / "drafter"),
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| budget | rounds | tokens | mean acceptance length |" in out
     assert "prompts: 2" in out
@@ -97,12 +150,14 @@ def test_bad_options_are_named(argv, message, capsys):
 
 
 def test_missing_model_directory(tmp_path):
-    with pytest.raises(SystemExit, match="target directory .* does not exist"):
+    with pytest.raises(SystemExit, match=r"target directory .* does not exist"):
         main(["generate", "--target", str(tmp_path / "no"), "--drafter", str(tmp_path), "--prompt-ids", "1"])
 
 
 def test_module_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "sglang_ddtree", "--help"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_ddtree", "--help"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0
     for command in ("generate", "stats", "make-tiny"):
         assert command in proc.stdout

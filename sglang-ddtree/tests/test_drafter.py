@@ -10,10 +10,10 @@ import torch
 from torch.nn import functional as F
 
 pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb  # noqa: E402
+from safetensors.torch import load_file, save_file
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-from sglang_ddtree.reference import DFlashDrafter  # noqa: E402
+from sglang_ddtree.reference import DFlashDrafter
 
 
 def rms(x, w, eps=1e-6):
@@ -94,7 +94,7 @@ def test_context_cache_is_incremental(drafter_bundle):
 
 
 def test_config_fields(drafter_bundle, tiny_random_dirs):
-    _, cfg, _, drafter = drafter_bundle
+    drafter = drafter_bundle[3]
     assert drafter.block_size == tiny_random_dirs.block_size
     assert drafter.target_layer_ids == list(tiny_random_dirs.target_layer_ids)
     assert drafter.mask_token_id == 4
@@ -121,7 +121,7 @@ def test_model_prefix_is_accepted(drafter_bundle, tmp_path):
     ],
 )
 def test_bad_checkpoints_are_named(mutate, message, drafter_bundle, tmp_path):
-    path, cfg, sd, _ = drafter_bundle
+    _, cfg, sd, _ = drafter_bundle
     cfg = json.loads(json.dumps(cfg))
     sd = dict(sd)
     mutate(cfg, sd)
@@ -132,5 +132,5 @@ def test_bad_checkpoints_are_named(mutate, message, drafter_bundle, tmp_path):
 
 
 def test_missing_directory_is_named(tmp_path):
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match=r"no config\.json"):
         DFlashDrafter.from_pretrained(tmp_path / "nope")

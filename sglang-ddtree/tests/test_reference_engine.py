@@ -85,7 +85,9 @@ def test_tree_pass_check_has_power(tiny_random):
 
     def causal(ancestors, prefix, dtype):
         n = ancestors.shape[0]
-        return tree_attention_mask(torch.tril(torch.ones(n, n, dtype=torch.bool, device=ancestors.device)), prefix, dtype)
+        return tree_attention_mask(
+            torch.tril(torch.ones(n, n, dtype=torch.bool, device=ancestors.device)), prefix, dtype
+        )
 
     good = tree_pass(target, PROMPT, tree)
     bad = tree_pass(target, PROMPT, tree, causal)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from sglang_ddtree.reference import load_models, make_tiny_models  # noqa: E402
+from sglang_ddtree.reference import load_models, make_tiny_models
 
 DIMS = dict(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 
@@ -70,7 +70,7 @@ def test_models_load_and_generate(with_tokenizer):
 
 def test_seed_determinism(tmp_path):
     a = make_tiny_models(tmp_path / "a", seed=5, vocab_size=40, with_tokenizer=False, **DIMS)
-    b = make_tiny_models(tmp_path / "b", seed=5, vocab_size=40, with_tokenizer=False, **DIMS)
+    make_tiny_models(tmp_path / "b", seed=5, vocab_size=40, with_tokenizer=False, **DIMS)
     c = make_tiny_models(tmp_path / "c", seed=6, vocab_size=40, with_tokenizer=False, **DIMS)
     for sub in ("target", "drafter"):
         wa = load_file(str(tmp_path / "a" / sub / "model.safetensors"))
@@ -95,8 +95,12 @@ def test_aligned_drafter_agrees_at_depth_one(tiny_aligned):
             feats = drafter.context_features(out.hidden_states)[:, :9]
             block = torch.full((1, drafter.block_size), 4, device=device)
             block[0, 0] = ids[0, -1]
-            h = drafter(emb(block), torch.arange(9, 9 + drafter.block_size, device=device)[None], feats,
-                        torch.arange(9, device=device)[None])
+            h = drafter(
+                emb(block),
+                torch.arange(9, 9 + drafter.block_size, device=device)[None],
+                feats,
+                torch.arange(9, device=device)[None],
+            )
             agree += int(head(h[:, 1]).argmax() == out.logits[0, -1].argmax())
     assert agree >= 36
 

@@ -150,9 +150,10 @@ def test_from_topk_with_sharded_candidates_equals_full_logits(device):
     """Tensor-parallel style input: per-shard top-k, normalised by the global log-sum-exp, concatenated."""
     gen = torch.Generator().manual_seed(7)
     bsz, depth, vocab, shards, budget = 3, 6, 64, 4, 10
-    logits = torch.randint(0, 4, (bsz, depth, vocab), generator=gen).float() + 0.1 * torch.randn(
-        (bsz, depth, vocab), generator=gen
-    ).round()
+    logits = (
+        torch.randint(0, 4, (bsz, depth, vocab), generator=gen).float()
+        + 0.1 * torch.randn((bsz, depth, vocab), generator=gen).round()
+    )
     logits = logits.to(device)
     full = build_tree(logits, budget)
     lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)

@@ -68,7 +68,7 @@ def test_structure(shape, device):
         for i in range(n, budget + 1):  # padding
             assert parents[i] == -1 and depths[i] == 0 and tokens[i - 1] == 0
         # siblings carry distinct tokens; ranks of siblings are 0..m-1 in index order (prefix closure per parent)
-        for p, kids in naive_children(parents).items():
+        for kids in naive_children(parents).values():
             assert len({tokens[c - 1] for c in kids}) == len(kids)
             assert [tree.ranks[b, c - 1].item() for c in kids] == list(range(len(kids)))
         # scores: parent score + own log-prob, and non-increasing in pop order

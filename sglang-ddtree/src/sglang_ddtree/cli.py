@@ -244,9 +244,7 @@ def _cmd_stats(args) -> int:
     tokens: dict[int, int] = {b: 0 for b in args.budgets}
     jobs = [(b, ids) for b in args.budgets for ids in encoded]
     for budget, ids in tqdm(jobs, desc="prompts", unit="prompt", file=sys.stderr, disable=args.json):
-        result = generate(
-            target, drafter, ids, args.max_new_tokens, budget, args.temperature, stops, seed=args.seed
-        )
+        result = generate(target, drafter, ids, args.max_new_tokens, budget, args.temperature, stops, seed=args.seed)
         per_budget[budget].extend(result.accept_lengths)
         tokens[budget] += len(result.tokens)
     report = {

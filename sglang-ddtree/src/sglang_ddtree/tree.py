@@ -26,7 +26,8 @@ after its heap predecessors (parent, elder sibling), the heap pops the tuples in
 and the popped set S (the top N tuples) is prefix-closed. Let B_1 be all depth-1 candidates and B_d the best
 N children of B_{d-1}. If S∩depth(d-1) ⊆ B_{d-1}, then S∩depth(d) ⊆ children(B_{d-1}); S∩depth(d) is a
 top-set of all depth-d tuples, hence a top-set (of size <= N) of children(B_{d-1}), hence ⊆ B_d. By
-induction S ⊆ ∪_d B_d, so S is the top N of that union. No step relies on scores being distinct.
+induction S is contained in the union of the B_d, so S is the top N of that union. No step relies on scores
+being distinct.
 
 Implementation: each beam is kept in lexicographic order (slot order == lexicographic order), so
 enumerating children as ``slot * K + rank`` enumerates them in lexicographic order and a *stable* descending
@@ -354,7 +355,7 @@ def _preorder(valid: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _child_links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """first_child / next_sibling from parent indices (children in index order)."""
-    bsz, nodes = parents.shape
+    nodes = parents.shape[1]
     device = parents.device
     idx = torch.arange(nodes, device=device)
     big = nodes

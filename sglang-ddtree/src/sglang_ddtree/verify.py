@@ -35,9 +35,7 @@ def greedy_walk(tree: DraftTree, target_tokens: torch.Tensor) -> tuple[torch.Ten
     """
     bsz, nodes = tree.parents.shape
     if target_tokens.shape != (bsz, nodes):
-        raise ValueError(
-            f"target_tokens must have shape [B, N+1] = {(bsz, nodes)}, got {tuple(target_tokens.shape)}"
-        )
+        raise ValueError(f"target_tokens must have shape [B, N+1] = {(bsz, nodes)}, got {tuple(target_tokens.shape)}")
     target_tokens = target_tokens.to(torch.int64)
     device = target_tokens.device
     depth_limit = tree.max_depth

@@ -235,7 +235,7 @@ class DFlashDrafter(nn.Module):
         state: dict[str, torch.Tensor] = {}
         for f in files:
             with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                for name in fh.keys():
                     state[name.removeprefix("model.")] = fh.get_tensor(name)
         own = dict(model.named_parameters())
         missing = sorted(set(own) - set(state))

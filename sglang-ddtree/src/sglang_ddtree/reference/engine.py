@@ -55,9 +55,7 @@ def tree_attention_mask(ancestors: torch.Tensor, prefix_len: int, dtype: torch.d
         ancestors: bool [N+1, N+1] ancestor-or-self relation of one tree.
     """
     nodes = ancestors.shape[0]
-    visible = torch.cat(
-        [torch.ones((nodes, prefix_len), dtype=torch.bool, device=ancestors.device), ancestors], dim=1
-    )
+    visible = torch.cat([torch.ones((nodes, prefix_len), dtype=torch.bool, device=ancestors.device), ancestors], dim=1)
     mask = torch.zeros(visible.shape, dtype=dtype, device=ancestors.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
@@ -206,7 +204,7 @@ def generate(
         path = accept_index[0, : n_acc + 1]  # node indices, root first
         keep = torch.cat([torch.arange(start, device=device), start + path])
         _compact_cache(cache, keep)
-        new_tokens = tree.tokens[0, path[1:] - 1].tolist() + [int(bonus[0])]
+        new_tokens = [*tree.tokens[0, path[1:] - 1].tolist(), int(bonus[0])]
         features = drafter.context_features(out.hidden_states)  # [1, N+1, k*H]
         pending_ctx = features[:, path]
         pending_pos = (start + torch.arange(n_acc + 1, device=device))[None]

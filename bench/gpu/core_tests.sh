@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# sglang-ddtree core on the lent H200: the core test suite on CUDA, then bench/tree_build.py.
+#
+# Assumes the GPU image: torch 2.11 (CUDA) and transformers 5.17 preinstalled (with tokenizers, safetensors,
+# numpy, tqdm), NO network, and does not need sglang. pytest is used from the image if importable, else
+# installed offline from .device/wheels/ (carry pytest, pluggy, iniconfig and packaging wheels there).
+#
+#   bash bench/gpu/core_tests.sh            # from the repository root; results under $OUT (default ./out-core)
+#   DEVICE=cpu BENCH_ARGS="--small --device cpu" bash bench/gpu/core_tests.sh   # smoke run without a GPU
+#
+# Writes $OUT/env.txt, $OUT/pytest-$DEVICE.log, $OUT/junit-$DEVICE.xml, $OUT/tree_build.md, $OUT/tree_build.json.
+# Exit status: 0 only if every test passed (skips listed in the log) and the benchmark ran.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out-core}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+read -r -a bench_args <<<"${BENCH_ARGS:-}"
+export PYTHONPATH="$PWD/sglang-ddtree/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+
+"$PY" - >"$OUT/env.txt" 2>&1 <<'PYEOF'
+import platform, torch
+print("python", platform.python_version())
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0))
+for mod in ("transformers", "tokenizers", "safetensors", "numpy", "tqdm", "triton", "pytest"):
+    try:
+        print(mod, __import__(mod).__version__)
+    except Exception as exc:  # noqa: BLE001
+        print(mod, "MISSING", type(exc).__name__, exc)
+PYEOF
+cat "$OUT/env.txt"
+
+if ! "$PY" -c "import pytest" 2>/dev/null; then
+    shopt -s nullglob
+    wheels=(.device/wheels/pytest-*.whl .device/wheels/pluggy-*.whl .device/wheels/iniconfig-*.whl .device/wheels/packaging-*.whl)
+    if [ ${#wheels[@]} -lt 1 ]; then
+        echo "core_tests.sh: pytest is not importable and .device/wheels has no pytest wheel; carry one" >&2
+        exit 2
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/ddtree-pytest "${wheels[@]}" || exit 2
+    export PYTHONPATH="/tmp/ddtree-pytest:$PYTHONPATH"
+fi
+
+status=0
+echo "== core tests on $DEVICE"
+SGLANG_DDTREE_TEST_DEVICE=$DEVICE timeout 420 "$PY" -m pytest sglang-ddtree/tests \
+    --ignore=sglang-ddtree/tests/sglang -m "not sglang" -p no:cacheprovider -q -rs \
+    --junitxml="$OUT/junit-$DEVICE.xml" 2>&1 | tee "$OUT/pytest-$DEVICE.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== bench/tree_build.py"
+timeout 420 "$PY" bench/tree_build.py "${bench_args[@]}" --out "$OUT/tree_build.json" 2>"$OUT/tree_build.stderr" | tee "$OUT/tree_build.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit $status
