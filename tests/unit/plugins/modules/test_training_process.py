@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -611,3 +612,57 @@ def test_psutil_missing_is_reported_with_missing_required_lib(monkeypatch, capsy
 def test_signal_choices_are_real_signals():
     for name in tp.ARGUMENT_SPEC["signal"]["choices"]:
         assert isinstance(getattr(signal, name), signal.Signals)
+
+
+CUDA_HOLDER = """
+import sys, time, torch
+if not torch.cuda.is_available():
+    sys.stdout.write('no-cuda\\n'); sys.stdout.flush(); sys.exit(0)
+block = torch.ones(1 << 26, device='cuda')  # 256 MiB, so the driver lists this pid as a compute process
+torch.cuda.synchronize()
+sys.stdout.write('ready\\n'); sys.stdout.flush()
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is None or importlib.util.find_spec("torch") is None,
+    reason="needs an NVIDIA GPU (nvidia-smi) and torch: run on the GPU host",
+)
+def test_gpu_release_with_a_real_cuda_process(tmp_path):
+    """On a GPU host: a real process holding CUDA memory is halted and the GPU is seen to release it."""
+    from ansible_collections.specdec.pivot.plugins.module_utils import _nvidia
+
+    token = f"tpmod{uuid.uuid4().hex[:12]}"
+    holder = subprocess.Popen([sys.executable, "-c", CUDA_HOLDER, token], stdout=subprocess.PIPE, text=True)
+    try:
+        first = holder.stdout.readline().strip()
+        if first == "no-cuda":
+            pytest.skip("torch sees no CUDA device")
+        assert first == "ready"
+        listed = _procs_on_gpu(_nvidia.read_gpus(None), holder.pid)
+        if not listed:
+            pytest.skip("the driver does not list this pid (a container with its own pid namespace)")
+        result = run_module(
+            {
+                "pattern": token,
+                "state": "absent",
+                "kill_after": 20,
+                "timeout": 60,
+                "wait_gpu_release": True,
+                "gpu_release_timeout": 60,
+            }
+        )
+        assert result.get("failed") is not True, result["msg"]
+        assert result["pids"] == [holder.pid]
+        assert result["gpu"]["checked"] is True and result["gpu"]["released"] is True
+        assert not _procs_on_gpu(_nvidia.read_gpus(None), holder.pid)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+def _procs_on_gpu(gpus: list, pid: int) -> list:
+    return [p for g in gpus for p in g["compute_processes"] if p["pid"] == pid]
