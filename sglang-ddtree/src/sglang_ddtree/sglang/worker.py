@@ -113,7 +113,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         if getattr(batch, "has_grammar", False):
-            raise ValueError("DDTREE does not support grammar-constrained decoding yet; use DFLASH for it")
+            # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree).
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         self._ddtree_capturing = True
         try:
             super().forward_batch_generation(batch, on_publish=None, grammar_barrier=grammar_barrier)

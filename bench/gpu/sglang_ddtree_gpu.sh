@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# DDTREE in the real SGLang on a GPU host (written for the lent H200 with SGLang 0.5.17; see
+# ../shared/notes/gpu-sglang.md for the package set that has to travel there).
+#
+#   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
+#
+# STAGE: install | models | equality | speed | all. Each of equality / speed starts 3-4 engines (about a
+# minute each, mostly CUDA-graph capture): run them as separate commands to stay under a 10-minute limit.
+#   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
+#             interpreter; falls back to a hand-written dist-info when pip cannot build offline)
+#   models    tiny aligned Qwen3 target + DFlash drafter (block size 8) via sglang_ddtree.reference.tiny
+#   equality  no speculation vs DDTREE budgets 4/8/16: greedy outputs of 32 prompts x 64 tokens at batch 1
+#             and 16, compared token for token (fp32 near-ties flagged, not failed)
+#   speed     none / DFLASH / DDTREE(16): ms per decode step and emitted tokens per step at batch 1/8/32
+# Environment: PYTHON (default python3), SITE (optional target dir already on PYTHONPATH).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+STAGE=${1:?stage: install|models|equality|speed|all}
+OUT=${2:?output directory}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/sglang-ddtree/src${PYTHONPATH:+:$PYTHONPATH}"
+
+install_plugin() {
+  local dest=${SITE:-}
+  if [ -n "$dest" ]; then
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$dest" ./sglang-ddtree && return 0
+  else
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index ./sglang-ddtree && return 0
+  fi
+  # Offline fallback: the package is on PYTHONPATH (src/); only the entry point needs a dist-info.
+  dest=${dest:-$PWD/sglang-ddtree/src}
+  local info="$dest/sglang_ddtree-0.1.0.dist-info"
+  mkdir -p "$info"
+  printf 'Metadata-Version: 2.1\nName: sglang-ddtree\nVersion: 0.1.0\n' > "$info/METADATA"
+  printf '[sglang.srt.plugins]\nddtree = sglang_ddtree.sglang:register\n' > "$info/entry_points.txt"
+  echo "sglang-ddtree: entry point registered through $info"
+}
+
+check_plugin() {
+  "$PY" - <<'PY'
+from sglang.srt.plugins import load_plugins
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+import sglang, sglang_ddtree.sglang as plugin
+load_plugins()
+algo = SpeculativeAlgorithm.from_string("DDTREE")
+print(f"sglang {sglang.__version__}: DDTREE -> {algo!r} ({plugin.last_status})")
+PY
+}
+
+make_models() {
+  "$PY" - "$OUT/models" <<'PY'
+import sys
+from sglang_ddtree.reference.tiny import make_tiny_models
+m = make_tiny_models(sys.argv[1], aligned=True, block_size=8)
+print("models:", m.target_dir, m.drafter_dir, "block", m.block_size)
+PY
+}
+
+run() {  # algo budget mode
+  "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models" --algo "$1" --budget "$2" --mode "$3" \
+    --out "$OUT/$3-$1-$2.json"
+}
+
+case "$STAGE" in
+  install) install_plugin; check_plugin ;;
+  models) make_models ;;
+  equality)
+    run none 0 equality
+    for b in 4 8 16; do run DDTREE "$b" equality; done
+    "$PY" bench/gpu/sglang_ddtree_compare.py --models "$OUT/models" "$OUT/equality-none-0.json" \
+      "$OUT"/equality-DDTREE-{4,8,16}.json | tee "$OUT/equality-summary.txt"
+    ;;
+  speed)
+    run none 0 speed; run DFLASH 0 speed; run DDTREE 16 speed
+    "$PY" - "$OUT" <<'PY' | tee "$OUT/speed-summary.txt"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+print(f"{'algo':<12}{'batch':>6}{'ms/step':>10}{'tokens/step':>13}{'ms/token':>10}")
+for name in ("speed-none-0", "speed-DFLASH-0", "speed-DDTREE-16"):
+    rec = json.loads((out / f"{name}.json").read_text())
+    for row in rec["speed"]:
+        label = rec["algo"] + (f"({rec['budget']})" if rec["budget"] else "")
+        print(f"{label:<12}{row['batch']:>6}{row['ms_per_step']:>10.2f}{row['tokens_per_step']:>13.2f}"
+              f"{row['ms_per_step'] / row['tokens_per_step']:>10.2f}")
+PY
+    ;;
+  all) install_plugin; check_plugin; make_models; "$0" equality "$OUT"; "$0" speed "$OUT" ;;
+  *) echo "unknown stage $STAGE" >&2; exit 2 ;;
+esac

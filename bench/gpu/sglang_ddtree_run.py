@@ -1,0 +1,127 @@
+"""One SGLang engine on a GPU: greedy outputs (and speed) for one speculative configuration.
+
+Runs the REAL sglang (0.5.17 on the lent H200) with the sglang-ddtree plugin installed, on the tiny models of
+``sglang_ddtree.reference.tiny.make_tiny_models`` (made by sglang_ddtree_gpu.sh). Writes one JSON file.
+
+    python bench/gpu/sglang_ddtree_run.py --models DIR --algo none|DFLASH|DDTREE [--budget 16] \
+        --mode equality|speed --out FILE
+
+equality: 32 prompts x 64 new tokens, greedy, at batch 1 (one request at a time) and batch 16 (16 at once).
+speed: for batch sizes 1, 8 and 32: wall time of one batched generate after a warm-up, decode steps
+(``spec_verify_ct``; completion tokens without speculation), ms/step and emitted tokens/step.
+CUDA graphs stay on (decode graphs up to batch 32); attention backend triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+
+def prompts(vocab: int, count: int, length: int, seed: int = 7) -> list[list[int]]:
+    rng = random.Random(seed)
+    # ids 5.. avoid the special tokens of the tiny tokenizer (eos 0, mask 4)
+    return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def engine_kwargs(models: Path, algo: str, budget: int) -> dict:
+    kwargs = dict(
+        model_path=str(models / "target"),
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        mem_fraction_static=0.3,
+        cuda_graph_max_bs_decode=32,
+        max_running_requests=32,
+        disable_prefill_cuda_graph=True,
+        log_level="warning",
+    )
+    if algo != "none":
+        kwargs.update(speculative_algorithm=algo, speculative_draft_model_path=str(models / "drafter"))
+    if algo == "DDTREE":
+        kwargs.update(speculative_num_draft_tokens=budget + 1)
+    return kwargs
+
+
+def generate(engine, batch: list[list[int]], new_tokens: int) -> list[dict]:
+    params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    out = engine.generate(input_ids=batch, sampling_params=params)
+    return out if isinstance(out, list) else [out]
+
+
+def run_equality(engine, vocab: int) -> dict:
+    ps = prompts(vocab, 32, 24)
+    result = {}
+    one = [generate(engine, [p], 64)[0]["output_ids"] for p in ps]
+    result["batch1"] = one
+    sixteen = []
+    for start in range(0, len(ps), 16):
+        sixteen += [o["output_ids"] for o in generate(engine, ps[start : start + 16], 64)]
+    result["batch16"] = sixteen
+    result["prompts"] = ps
+    return result
+
+
+def run_speed(engine, vocab: int, algo: str) -> dict:
+    rows = []
+    for bs in (1, 8, 32):
+        batch = prompts(vocab, bs, 32, seed=100 + bs)
+        generate(engine, batch, 16)  # warm-up (graphs, allocator)
+        t0 = time.perf_counter()
+        outs = generate(engine, batch, 128)
+        wall = time.perf_counter() - t0
+        completion = [o["meta_info"]["completion_tokens"] for o in outs]
+        # decode steps per request: verify rounds with speculation, one per token without
+        steps = [
+            o["meta_info"].get("spec_verify_ct", c) if algo != "none" else c
+            for o, c in zip(outs, completion, strict=True)
+        ]
+        rows.append({
+            "batch": bs,
+            "wall_s": wall,
+            "steps": max(steps),
+            "ms_per_step": 1000.0 * wall / max(steps),
+            "tokens_per_step": sum(c / s for c, s in zip(completion, steps, strict=False)) / bs,
+            "accept_length_meta": [o["meta_info"].get("spec_accept_length") for o in outs][:4],
+        })
+    return {"speed": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", required=True, type=Path)
+    ap.add_argument("--algo", required=True, choices=["none", "DFLASH", "DDTREE"])
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--mode", required=True, choices=["equality", "speed"])
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+
+    import sglang as sgl
+
+    vocab = json.loads((args.models / "target" / "config.json").read_text())["vocab_size"]
+    t0 = time.perf_counter()
+    engine = sgl.Engine(**engine_kwargs(args.models, args.algo, args.budget))
+    start_s = time.perf_counter() - t0
+    try:
+        body = run_equality(engine, vocab) if args.mode == "equality" else run_speed(engine, vocab, args.algo)
+    finally:
+        engine.shutdown()
+    record = {"algo": args.algo, "budget": args.budget if args.algo == "DDTREE" else None, "mode": args.mode,
+              "sglang": sgl.__version__, "engine_start_s": start_s, **body}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record))
+    print(f"{args.algo} budget={record['budget']} {args.mode}: wrote {args.out} (engine start {start_s:.0f} s)")
+    if args.mode == "speed":
+        for row in body["speed"]:
+            ms, tps = row["ms_per_step"], row["tokens_per_step"]
+            print(f"  batch {row['batch']:>2}: {ms:.2f} ms/step, {tps:.2f} tokens/step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
