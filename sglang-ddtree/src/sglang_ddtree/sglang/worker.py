@@ -143,10 +143,11 @@ class DDTreeWorker(DFlashWorkerV2):
             return build_tree(local_logits, self.ddtree_budget)
         shard = getattr(lm_head, "shard_indices", None)
         vocab_start = int(shard.org_vocab_start_index) if shard is not None else 0
+        # this shard's real (unpadded) columns are [0, num_org_elements)
+        limit = vocab_start + int(shard.num_org_elements) if shard is not None else vocab_size
         k = min(self.ddtree_budget, int(vocab_size or local_logits.shape[-1] * world))
         logprobs, tokens = sharded_candidates(
-            local_logits, vocab_start, k, lambda t: tp_group.all_gather(t.contiguous(), dim=-1),
-            vocab_limit=vocab_size,
+            local_logits, vocab_start, k, lambda t: tp_group.all_gather(t.contiguous(), dim=-1), vocab_limit=limit
         )
         return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
 
