@@ -73,3 +73,22 @@ def plugins_loaded():
 
     load_plugins()
     return True
+
+
+def pytest_report_header(config):
+    """Say up front whether this interpreter can import what the tests drive (a missing runtime package of
+    SGLang shows up here once instead of as one ModuleNotFoundError per test)."""
+    import importlib
+    import importlib.metadata
+
+    lines = []
+    try:
+        lines.append(f"sglang {importlib.metadata.version('sglang')}")
+    except importlib.metadata.PackageNotFoundError:
+        return ["sglang: NOT INSTALLED in this interpreter"]
+    for module in ("sglang.srt.server_args", "sglang.srt.configs", "sglang.srt.speculative.dflash_worker_v2"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # report, never hide: the tests then fail on the same import
+            lines.append(f"cannot import {module}: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+    return lines
