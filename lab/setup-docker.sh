@@ -6,6 +6,7 @@
 #   3. a wheelhouse lab/.wheelhouse (git-ignored) with every wheel the lab's SGLang venv needs, built on the
 #      host where pip finds the local CPU torch wheel;
 #   4. the base image specdec-pivot-lab-base:<hash> — Debian bookworm minbase from mmdebstrap with systemd,
+#      python3-psutil (the training_process module needs it on the training host),
 #      python3.11 and the venv /opt/sglang/venv holding the REAL sglang (--no-deps over the minimal runtime
 #      of requirements/sglang-runtime.txt, installed from the wheelhouse with --no-index);
 #   5. the image specdec-pivot-lab:bookworm on top of it: the lab server stand-in installed in that venv, the
@@ -20,7 +21,7 @@ repo=$PWD
 IMAGE=${SPECDEC_LAB_IMAGE:-specdec-pivot-lab:bookworm}
 SGLANG_VERSION=${SPECDEC_LAB_SGLANG_VERSION:-0.5.23}
 SUITE=bookworm
-PACKAGES=usr-is-merged,python3,python3-venv,systemd,systemd-sysv,dbus,procps,sudo,iproute2,curl,ca-certificates
+PACKAGES=usr-is-merged,python3,python3-venv,python3-psutil,systemd,systemd-sysv,dbus,procps,sudo,iproute2,curl,ca-certificates
 RUNTIME_REQS=requirements/sglang-runtime.txt
 WHEELHOUSE=$repo/lab/.wheelhouse
 BUILD=$repo/lab/.build
@@ -99,6 +100,10 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     log "base image build failed (full log: $BUILD/mmdebstrap.log)"; exit 1
   fi
   docker tag "$tmp_tag" "$BASE" && docker rmi "$tmp_tag" >/dev/null
+  # Older base images (other input hashes) are removed unless a container still uses them.
+  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' specdec-pivot-lab-base); do
+    [ "$old" = "$BASE" ] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
   log "base image built in $(( $(date +%s) - start )) s: $(docker image inspect -f '{{.Size}}' "$BASE" | numfmt --to=iec)"
 fi
 
@@ -126,5 +131,7 @@ if [ "$current" != "$inputs_hash" ]; then
   log "building $IMAGE (inputs $inputs_hash)"
   DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$BASE" --label "specdec.lab.inputs=$inputs_hash" \
     -t "$IMAGE" "$ctx" >/dev/null 2> >(grep -v -i -E 'deprecated|legacy builder|buildx|buildkit|^\s*$|environment-variable' >&2)
+  # The previous lab image, now untagged, goes too (docker keeps it while a container uses it).
+  docker image prune -f --filter label=specdec.lab.inputs >/dev/null 2>&1 || true
 fi
 log "image $IMAGE ready: $(docker image inspect -f '{{.Size}}' "$IMAGE" | numfmt --to=iec) (inputs $inputs_hash)"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import inspect
 import json
 import logging
 import os
@@ -121,10 +120,13 @@ class Engine:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"--model-path {path!r} is not a directory")
         t0 = time.monotonic()
-        self.target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.target.eval()
+        if self.algorithm == "DDTREE":
+            self._load_ddtree()
+        if self.target is None:
+            self.target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+            self.target.eval()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or path)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or path, local_files_only=True)
         except Exception as exc:  # a model without a tokenizer serves input_ids only
             logger.warning("no tokenizer loaded from %s (%s): requests must send input_ids", path, exc)
         eos = getattr(self.target.generation_config, "eos_token_id", None)
@@ -133,30 +135,26 @@ class Engine:
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         logger.info("Load weight end. target=%s params=%d dtype=float32 (%.2f s)", path,
                     sum(p.numel() for p in self.target.parameters()), time.monotonic() - t0)
-        if self.algorithm == "DDTREE":
-            self._load_ddtree()
 
     def _load_ddtree(self) -> None:
+        """Target + DFlash drafter through sglang_ddtree.reference (the plugin's own reference engine)."""
+        import torch
+
         draft_path = self.args.speculative_draft_model_path
         if not draft_path:
             raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm DDTREE")
         try:
             ref = importlib.import_module("sglang_ddtree.reference")
         except ImportError as exc:
-            self.engine_note = f"sglang_ddtree.reference not importable ({exc})"
+            self.engine_note = f"sglang_ddtree.reference is not importable ({exc})"
             logger.warning("DDTREE resolved but %s: serving with target-only decoding", self.engine_note)
             return
-        loader = _first_attr(ref, ("load_drafter", "load_dflash_drafter", "DFlashDrafter.from_pretrained",
-                                   "DFlashDraftModel.from_pretrained"))
-        if loader is None or not callable(getattr(ref, "generate", None)):
-            self.engine_note = "sglang_ddtree.reference has no drafter loader / generate()"
-            logger.warning("DDTREE resolved but %s: serving with target-only decoding", self.engine_note)
-            return
-        self.drafter = _call_loader(loader, draft_path, self.target)
+        self.target, self.drafter = ref.load_models(self.args.model_path, draft_path, dtype=torch.float32)
         self.ddtree = ref
         self.engine_name = (f"DDTree reference engine (sglang_ddtree.reference.generate, "
-                            f"budget {ddtree_budget(self.args.speculative_num_draft_tokens)})")
-        logger.info("Loaded DFlash drafter from %s for DDTree", draft_path)
+                            f"budget {ddtree_budget(self.args.speculative_num_draft_tokens)}, CPU)")
+        logger.info("Loaded DFlash drafter from %s (block size %s, target layers %s) for DDTree", draft_path,
+                    getattr(self.drafter, "block_size", "?"), getattr(self.drafter, "target_layer_ids", "?"))
 
     # ---- requests
     def encode(self, body: dict[str, Any]) -> list[int]:
@@ -193,7 +191,8 @@ class Engine:
         stop |= set(params.get("stop_token_ids") or [])
         with self.lock:
             if self.ddtree is not None:
-                gen = self._generate_ddtree(input_ids, max_new, float(temperature), sorted(stop))
+                gen = self._generate_ddtree(input_ids, max_new, float(temperature), sorted(stop),
+                                            params.get("sampling_seed"))
             else:
                 gen = self._generate_plain(input_ids, max_new, float(temperature), stop,
                                            params.get("sampling_seed"))
@@ -228,20 +227,16 @@ class Engine:
                                   use_cache=True)
         return Generation(out_ids, {"type": "length", "length": max_new}, None)
 
-    def _generate_ddtree(self, input_ids: list[int], max_new: int, temperature: float,
-                         stop: list[int]) -> Generation:
-        import torch
-
+    def _generate_ddtree(self, input_ids: list[int], max_new: int, temperature: float, stop: list[int],
+                         seed: int | None) -> Generation:
+        if max_new == 0:
+            return Generation([], {"type": "length", "length": 0}, [])
         budget = ddtree_budget(self.args.speculative_num_draft_tokens)
-        result = _call_flexible(self.ddtree.generate, target=self.target, drafter=self.drafter,
-                                input_ids=torch.tensor([input_ids], dtype=torch.long),
-                                max_new_tokens=max_new, budget=budget, temperature=temperature,
-                                stop_token_ids=stop)
-        tokens, accept = _unpack_ddtree_result(result)
-        if tokens[: len(input_ids)] == input_ids and len(tokens) > len(input_ids):
-            tokens = tokens[len(input_ids):]  # an engine that returns prompt + completion
-        tokens = tokens[:max_new]
-        if tokens and tokens[-1] in stop:
+        result = self.ddtree.generate(self.target, self.drafter, input_ids, max_new, budget,
+                                      temperature=temperature, stop_token_ids=stop, seed=seed)
+        tokens = [int(t) for t in result.tokens]
+        accept = [int(a) for a in result.accept_lengths]
+        if result.stopped and tokens:
             return Generation(tokens, {"type": "stop", "matched": tokens[-1]}, accept)
         return Generation(tokens, {"type": "length", "length": max_new}, accept)
 
@@ -253,62 +248,6 @@ class Engine:
     def avg_accept_length(self) -> float | None:
         rounds = self.stats["verify_rounds"]
         return round(self.stats["accepted_tokens"] / rounds, 4) if rounds else None
-
-
-def _first_attr(module: Any, dotted_names: Sequence[str]) -> Any:
-    for dotted in dotted_names:
-        obj = module
-        for part in dotted.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if obj is not None:
-            return obj
-    return None
-
-
-def _call_flexible(fn: Any, **kwargs: Any) -> Any:
-    """Call ``fn`` with the keyword arguments its signature accepts (positional for the leading ones)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return fn(**kwargs)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
-
-
-def _call_loader(loader: Any, path: str, target: Any) -> Any:
-    try:
-        params = inspect.signature(loader).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "target" in params:
-        return loader(path, target=target)
-    return loader(path)
-
-
-def _unpack_ddtree_result(result: Any) -> tuple[list[int], list[int] | None]:
-    """Tokens and per-round acceptance lengths from the reference engine's result (tuple, dict or object)."""
-    def as_list(value: Any) -> list[int]:
-        if hasattr(value, "tolist"):
-            value = value.tolist()
-        while isinstance(value, list) and value and isinstance(value[0], list):
-            value = value[0]
-        return [int(v) for v in value]
-
-    tokens = accept = None
-    if isinstance(result, tuple):
-        tokens, accept = result[0], (result[1] if len(result) > 1 else None)
-    elif isinstance(result, dict):
-        tokens = next((result[k] for k in ("tokens", "output_ids", "new_tokens") if k in result), None)
-        accept = next((result[k] for k in ("accept_lengths", "acceptance_lengths") if k in result), None)
-    else:
-        tokens = next((getattr(result, k) for k in ("tokens", "output_ids", "new_tokens")
-                       if hasattr(result, k)), result)
-        accept = next((getattr(result, k) for k in ("accept_lengths", "acceptance_lengths")
-                       if hasattr(result, k)), None)
-    return as_list(tokens), (as_list(accept) if accept is not None else None)
 
 
 # --------------------------------------------------------------------------------------------------
