@@ -31,7 +31,9 @@ def test_worker_class_resolves_through_sglang(model_dirs):
         assert name in DDTreeWorker.__dict__ and hasattr(DFlashWorkerV2, name)  # overrides of real methods
 
 
-class FakeAttnBackend:
+class StandInAttnBackend:
+    """Stand-in for SGLang's hybrid linear-attention backend (GPU-only): records the commit call."""
+
     def __init__(self):
         self.calls = []
 
@@ -39,7 +41,9 @@ class FakeAttnBackend:
         self.calls.append(kwargs)
 
 
-class FakeKVPool:
+class StandInKVPool:
+    """Stand-in for SGLang's KV pool (allocated on the GPU): one tensor, SGLang's move_kv_cache semantics."""
+
     def __init__(self, kv):
         self.kv = kv
 
@@ -55,7 +59,7 @@ def _worker(block_size=5, budget=8):
     worker.ddtree_budget = budget
     worker.ddtree_num_nodes = budget + 1
     worker._ddtree_capturing = False
-    backend = FakeAttnBackend()
+    backend = StandInAttnBackend()
     worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=backend, model="model"))
     return worker, backend
 
@@ -139,7 +143,7 @@ def test_commit_kv_through_the_pool_interface(page_size):
     req_to_token[0, :24] = torch.arange(24) + page_size * 10
     req_to_token[1, :24] = torch.arange(24) + page_size * 10 + 100
     kv = torch.arange(400, dtype=torch.float)[:, None].repeat(1, 2)
-    pool = FakeKVPool(kv)
+    pool = StandInKVPool(kv)
     prefix = torch.tensor([4, 9])
     worker._ddtree_commit_kv(pool, req_to_token, torch.tensor([0, 1]), prefix, accept_index, accept_len)
     row = req_to_token[0]
@@ -170,3 +174,97 @@ def test_greedy_head_is_intercepted_only_while_capturing_the_draft():
         worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=None)
     assert captured.value.hidden_states is hidden
     assert worker._maybe_build_draft_sampler() is None
+
+
+def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
+    """``_ddtree_round`` end to end on CPU with stand-ins for the two GPU forwards (the drafter's hidden states
+    are given; the target's forward is a stand-in whose argmax follows each node's first child). Checks the
+    emitted tokens, lengths, KV moves in the pool, the drafter-context write and the publish callback."""
+    from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
+
+    worker, _ = _worker(block_size=5, budget=8)
+    bs, m, hidden_size, vocab = 2, worker.ddtree_num_nodes, 16, 40
+    head = _lm_head(hidden_size, vocab, seed=4)
+    gen = torch.Generator().manual_seed(9)
+    draft_hidden = torch.randn(bs * (worker.block_size - 1), hidden_size, generator=gen)
+    prefix = torch.tensor([6, 11])
+    req_to_token = (torch.arange(3 * 64).view(3, 64) + 1).long()
+    pool_rows = torch.tensor([2, 1])
+    kv = torch.arange(400, dtype=torch.float)[:, None].repeat(1, 2)
+    pool = StandInKVPool(kv)
+    root = torch.tensor([11, 12])
+    worker._draft_block_ids_buf = torch.stack([root, root, root, root, root], 1)
+    worker._draft_block_positions_buf = prefix[:, None] + torch.arange(worker.block_size)[None]
+    worker._draft_verify_out_cache_loc_buf = torch.gather(req_to_token[pool_rows], 1,
+                                                          worker._draft_block_positions_buf)
+    worker._need_mamba_verify_commit = False
+    worker.model_runner = SimpleNamespace(
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+        model_config=SimpleNamespace(vocab_size=vocab, context_len=64),
+        token_to_kv_pool=pool,
+    )
+    seen = {}
+
+    def stand_in_prepare(self, batch, target_worker, defer_metadata_init=False):
+        seen["verify_input"] = self
+        return SimpleNamespace(), False
+
+    def stand_in_target_forward(batch=None, forward_batch=None, is_verify=False, skip_attn_backend_init=None):
+        vi = seen["verify_input"]
+        tokens = vi.draft_token.view(bs, m)
+        first_child = vi.retrieve_next_token
+        follow = torch.where(first_child >= 0, torch.gather(tokens, 1, first_child.clamp(min=0)), 3)
+        logits = torch.full((bs, m, vocab), -5.0)
+        logits.scatter_(2, follow[..., None], 5.0)
+        hidden = torch.arange(bs * m, dtype=torch.float)[:, None].repeat(1, 3)  # row id as the hidden state
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits.view(bs * m, vocab),
+                                                             hidden_states=hidden), can_run_cuda_graph=True)
+
+    appended = {}
+
+    def stand_in_append(**kwargs):
+        appended.update(kwargs)
+
+    monkeypatch.setattr(DDTreeVerifyInput, "prepare_for_verify", stand_in_prepare)
+    worker._target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(model=SimpleNamespace(lm_head=head), attn_backend=None),
+        forward_batch_generation=stand_in_target_forward,
+    )
+    worker._append_target_hidden_to_draft_kv_by_loc = stand_in_append
+    published = []
+    batch = SimpleNamespace(seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
+                            req_pool_indices=pool_rows, spec_info=SimpleNamespace(), sampling_info=None,
+                            out_cache_loc=None, mamba_track_indices=None)
+
+    result = worker._ddtree_round(batch, draft_hidden, published.append)
+
+    tree = build_tree((draft_hidden @ head.weight.t()).view(bs, worker.block_size - 1, -1), worker.ddtree_budget)
+    target = torch.where(tree.first_child >= 0,
+                         torch.gather(torch.cat([root[:, None], tree.tokens], 1), 1, tree.first_child.clamp(min=0)), 3)
+    accept_index, accept_len, bonus = greedy_walk(tree, target)
+    assert int(accept_len.min()) >= 1  # the stand-in target accepts the first-child chain
+    commit = accept_len + 1
+    assert result.accept_lens.tolist() == commit.tolist()
+    assert result.new_seq_lens.tolist() == (prefix + commit).tolist() and published[0] is result.new_seq_lens
+    out = result.next_token_ids.view(bs, worker.block_size)
+    node_tokens = torch.cat([root[:, None], tree.tokens], 1)
+    for b in range(bs):
+        n = int(accept_len[b])
+        assert out[b, :n].tolist() == [int(node_tokens[b, accept_index[b, k]]) for k in range(1, n + 1)]
+        assert out[b, n] == bonus[b]
+        for k in range(n + 1):  # target KV of accepted node accept_index[k] now at position prefix + k
+            slot = req_to_token[pool_rows[b], prefix[b] + k]
+            assert pool.kv[slot, 0] == req_to_token[pool_rows[b], prefix[b] + accept_index[b, k]]
+    # drafter context: row k of request b is the hidden state of accepted node accept_index[b, k]
+    rows = appended["target_hidden"].view(bs, worker.block_size, -1)[..., 0]
+    for b in range(bs):
+        for k in range(int(accept_len[b]) + 1):
+            assert rows[b, k] == b * m + accept_index[b, k]
+    assert appended["commit_lens"].tolist() == commit.tolist()
+    assert torch.equal(appended["positions"], worker._draft_block_positions_buf.reshape(-1))
+    assert result.speculative_num_draft_tokens == worker.block_size
+    # the verify input really carried the tree: positions prefix + depth and the FULL-layout mask
+    vi = seen["verify_input"]
+    assert vi.draft_token_num == m and vi.topk > 1
+    assert torch.equal(vi.positions.view(bs, m), prefix[:, None] + tree.positions)
+    assert batch.out_cache_loc.numel() == bs * m
