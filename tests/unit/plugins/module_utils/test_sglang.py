@@ -254,7 +254,7 @@ def test_show_argv_is_the_joined_words_split_at_spaces():
 
 
 def test_not_found_unit():
-    props = s.parse_systemctl_show(show_text("not-found"))
+    props = s.parse_systemctl_show(show_text("sglang-missing"))
     assert props["LoadState"] == "not-found"
     with pytest.raises(ValueError, match=r"'sglang-missing.service' not found \(LoadState=not-found\)"):
         s.unit_info_from_show(props, "sglang-missing.service")
