@@ -8,8 +8,9 @@
   values) per following line, each word quoted for systemd.
 - ``dflash_drafter_check``: a drafter's and a target's config.json -> whether the drafter is a DFlash drafter
   that fits the target, with one readable error per problem.
-- ``ddtree_argv``: the parsed old ExecStart -> the new argv with every speculative flag replaced by the DDTREE
-  ones (delegates to ``module_utils._sglang.replace_speculative_flags`` so modules and roles agree).
+- ``sglang_flag``: the value of a flag in an argv (host, port, TP size, ... of the server).
+
+The new ExecStart itself is computed by ``specdec.pivot.sglang_capabilities`` (``speculative_flags``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-try:
-    from ansible_collections.specdec.pivot.plugins.module_utils import _sglang
-except ImportError:  # pragma: no cover - only when the collection is not on the path
-    _sglang = None  # type: ignore[assignment]
 
 # --------------------------------------------------------------------------------------------------------------
 # systemd unit files
@@ -219,45 +215,6 @@ def dflash_drafter_check(
     }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The new ExecStart
-
-
-def ddtree_argv(argv: Sequence[str], drafter_path: str, budget: int, extra_args: Sequence[str] = ()) -> list[str]:
-    """The old ExecStart argv with every speculative flag replaced by the DDTREE ones, ``extra_args`` appended.
-
-    Parsing and flag replacement are module_utils._sglang's (``parse_exec_start``, ``replace_speculative_flags``,
-    ``exec_start_argv``), the same code sglang_capabilities uses: the new flags go where the first old
-    speculative flag stood; interpreter, module, model, TP, mem fraction, context length, host and port stay.
-    """
-    if _sglang is None:  # pragma: no cover
-        raise AnsibleFilterError("ddtree_argv needs specdec.pivot's module_utils (_sglang) on the collection path")
-    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
-        raise AnsibleFilterError(f"ddtree_argv expects the old ExecStart as a non-empty argv list, got {argv!r}")
-    if not _is_int(budget) or budget < 1:
-        raise AnsibleFilterError(f"ddtree_argv: budget must be a positive integer, got {budget!r}")
-    try:
-        parsed = _sglang.parse_exec_start([str(w) for w in argv])
-        new_spec = dict(zip(*[iter(ddtree_flags(drafter_path, budget))] * 2, strict=True))
-        parsed["flags"] = _sglang.replace_speculative_flags(parsed["flags"], new_spec)
-        new = _sglang.exec_start_argv(parsed)
-    except ValueError as exc:
-        raise AnsibleFilterError(f"ddtree_argv: cannot rewrite ExecStart {list(argv)!r}: {exc}") from exc
-    return [*new, *[str(x) for x in extra_args]]
-
-
-def ddtree_flags(drafter_path: str, budget: int) -> list[str]:
-    """The speculative flags for DDTree: algorithm, drafter and ``num_draft_tokens = budget + 1`` (root + nodes)."""
-    return [
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
-        str(drafter_path),
-        "--speculative-num-draft-tokens",
-        str(int(budget) + 1),
-    ]
-
-
 def sglang_flag(argv: Sequence[str], names: str | Sequence[str], default: Any = None) -> Any:
     """Value of the last occurrence of a flag in an argv (``--flag value`` or ``--flag=value``), else ``default``.
 
@@ -284,6 +241,5 @@ class FilterModule:
             "systemd_unit_parse": systemd_unit_parse,
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
-            "ddtree_argv": ddtree_argv,
             "sglang_flag": sglang_flag,
         }

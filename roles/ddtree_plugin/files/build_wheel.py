@@ -26,8 +26,14 @@ IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*
 def describe(wheel: Path, changed: bool) -> dict[str, object]:
     data = wheel.read_bytes()
     name, version = wheel.name.split("-")[:2]
-    return {"wheel": str(wheel), "name": name.replace("_", "-"), "version": version,
-            "sha256": hashlib.sha256(data).hexdigest(), "sha1": hashlib.sha1(data).hexdigest(), "changed": changed}
+    return {
+        "wheel": str(wheel),
+        "name": name.replace("_", "-"),
+        "version": version,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "sha1": hashlib.sha1(data).hexdigest(),
+        "changed": changed,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -43,18 +49,34 @@ def main(argv: list[str]) -> int:
         return 2
     source, out = Path(argv[1]).resolve(), Path(argv[2]).resolve()
     if not (source / "pyproject.toml").is_file():
-        print(f"{source} has no pyproject.toml: set ddtree_plugin_source_dir to the sglang-ddtree directory",
-              file=sys.stderr)
+        print(
+            f"{source} has no pyproject.toml: set ddtree_plugin_source_dir to the sglang-ddtree directory",
+            file=sys.stderr,
+        )
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SOURCE_DATE_EPOCH=os.environ.get("SOURCE_DATE_EPOCH", "1700000000"),
-               PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(
+        os.environ,
+        SOURCE_DATE_EPOCH=os.environ.get("SOURCE_DATE_EPOCH", "1700000000"),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     with tempfile.TemporaryDirectory(prefix="ddtree-build-") as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(source, src, ignore=IGNORE)
         wheels = Path(tmp) / "wheels"
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-               "--wheel-dir", str(wheels), str(src)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--wheel-dir",
+            str(wheels),
+            str(src),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"building the wheel failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)

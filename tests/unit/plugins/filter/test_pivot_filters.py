@@ -134,17 +134,6 @@ def test_sglang_flag(argv, names, default, expected):
     assert f.sglang_flag(argv, names, default) == expected
 
 
-def test_ddtree_flags_budget_plus_one():
-    assert f.ddtree_flags("/d", 16) == [
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
-        "/d",
-        "--speculative-num-draft-tokens",
-        "17",
-    ]
-
-
 def test_dflash_check_real_pair_is_ok():
     result = f.dflash_drafter_check(load("qwen3-8b-dflash-b16"), load("qwen3-8b"))
     assert result["ok"], result["errors"]
@@ -194,87 +183,5 @@ def test_filters_are_registered():
         "systemd_unit_parse",
         "systemd_exec_lines",
         "dflash_drafter_check",
-        "ddtree_argv",
         "sglang_flag",
     }
-
-
-SEED = [
-    "/opt/sglang/venv/bin/python",
-    "-m",
-    "sglang_lab_server",
-    "--model-path",
-    "/models/Qwen3-tiny",
-    "--tp-size",
-    "2",
-    "--mem-fraction-static",
-    "0.85",
-    "--context-length",
-    "4096",
-    "--host",
-    "0.0.0.0",
-    "--port",
-    "30000",
-    "--speculative-algorithm",
-    "NEXTN",
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-    "--enable-metrics",
-]
-
-
-def test_ddtree_argv_replaces_every_speculative_flag_in_place():
-    new = f.ddtree_argv(SEED, "/models/drafter", 16)
-    assert new == [
-        "/opt/sglang/venv/bin/python",
-        "-m",
-        "sglang_lab_server",
-        "--model-path",
-        "/models/Qwen3-tiny",
-        "--tp-size",
-        "2",
-        "--mem-fraction-static",
-        "0.85",
-        "--context-length",
-        "4096",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "30000",
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
-        "/models/drafter",
-        "--speculative-num-draft-tokens",
-        "17",
-        "--enable-metrics",
-    ]
-
-
-def test_ddtree_argv_is_idempotent_and_appends_extra_args():
-    once = f.ddtree_argv(SEED, "/d", 8)
-    assert f.ddtree_argv(once, "/d", 8) == once
-    assert f.ddtree_argv(SEED, "/d", 8, ["--cuda-graph-max-bs", "32"])[-2:] == ["--cuda-graph-max-bs", "32"]
-
-
-def test_ddtree_argv_without_speculative_flags_appends_them():
-    assert f.ddtree_argv(["/py", "-m", "sglang.launch_server", "--port", "1"], "/d", 1)[5:] == [
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
-        "/d",
-        "--speculative-num-draft-tokens",
-        "2",
-    ]
-
-
-@pytest.mark.parametrize(
-    ("argv", "budget", "message"), [([], 16, "non-empty"), (SEED, 0, "positive"), (SEED, "16", "positive")]
-)
-def test_ddtree_argv_rejects(argv, budget, message):
-    with pytest.raises(AnsibleFilterError, match=message):
-        f.ddtree_argv(argv, "/d", budget)
