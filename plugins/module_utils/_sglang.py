@@ -1,5 +1,6 @@
 # Copyright: specdec.pivot contributors
-# Apache License 2.0 (see galaxy.yml)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Pure parsers for SGLang facts: help texts, ``systemctl show`` output, ExecStart lines, versions.
 
 Everything here is text in, data out: no processes, no files, no imports beyond the standard library,
@@ -804,7 +805,7 @@ def parse_flags(words: list[str]) -> dict[str, Any]:
     return {
         "args": args,
         "flags": flags,
-        "order": [f for f, _ in occurrences],
+        "order": [occurrence[0] for occurrence in occurrences],
         "repeated": [f for f, c in counts.items() if c > 1],
         "trailing_args": trailing,
     }

@@ -1,5 +1,6 @@
 # Copyright: specdec.pivot contributors
-# Apache License 2.0 (see galaxy.yml)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The script sglang_capabilities runs INSIDE the SGLang environment's interpreter.
 
 ``PROBE_SOURCE`` is passed as ``<python> -c PROBE_SOURCE`` (an argv list, no shell). It:

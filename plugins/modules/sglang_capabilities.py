@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: specdec.pivot contributors
-# Apache License 2.0 (see galaxy.yml)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -297,7 +298,8 @@ ddtree:
       description: sglang-ddtree's version, or null.
       type: str
     plugin_status:
-      description: The plugin's own C(last_status) after C(load_plugins) (C(registered), C(skipped) with a reason, ...), or null.
+      description:
+        - The plugin's own C(last_status) after C(load_plugins) (C(registered), C(skipped) with a reason, ...), or null.
       type: str
     entry_point:
       description: The sglang-ddtree entry of RV(plugins_loaded), or null.
@@ -558,10 +560,12 @@ def resolve_interpreter(parsed: dict, unit: str, env: dict) -> tuple[str, str]:
             cand = words[0] if words else None
         if cand and _sglang.is_python(cand) and _is_executable(cand):
             return cand, f"#! line of {found}"
-    for name in ("python3", "python"):
-        sibling = os.path.join(os.path.dirname(found), name)
-        if _is_executable(sibling):
-            return sibling, f"python beside {found}"
+    env_root = os.path.dirname(os.path.dirname(found))
+    if os.path.exists(os.path.join(env_root, "pyvenv.cfg")) or os.path.isdir(os.path.join(env_root, "conda-meta")):
+        for name in ("python3", "python"):  # a program in a venv's or conda env's bin/ (e.g. a compiled launcher)
+            sibling = os.path.join(os.path.dirname(found), name)
+            if _is_executable(sibling):
+                return sibling, f"python beside {found}"
     raise ProbeError(
         f"unit={unit}: ExecStart runs {found}, which is not a Python interpreter and names none in its #! line; "
         "pass the interpreter with python=<path> instead of unit"

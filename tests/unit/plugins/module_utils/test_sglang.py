@@ -55,9 +55,9 @@ VERSION_ORDER = [
 
 @pytest.mark.parametrize("i", range(len(VERSION_ORDER) - 1))
 def test_versions_sort_like_pep440(i):
-    a, b = VERSION_ORDER[i], VERSION_ORDER[i + 1]
-    assert s.compare_versions(a, b) == -1
-    assert s.compare_versions(b, a) == 1
+    older, newer = VERSION_ORDER[i], VERSION_ORDER[i + 1]
+    assert s.compare_versions(older, newer) == -1
+    assert s.compare_versions(newer, older) == 1
 
 
 @pytest.mark.parametrize(
@@ -571,7 +571,7 @@ def test_parse_exec_start_errors(value, match):
         s.parse_exec_start(value)
 
 
-ROUND_TRIP = [v for v, _ in EXEC_CASES.values()] + [
+ROUND_TRIP = [case[0] for case in EXEC_CASES.values()] + [
     '/opt/v/bin/python -m m --json \'{"a": "b c"}\' --path "/models/x y" --empty "" --neg=-bar',
     '/opt/v/bin/python -m m --weird "tab\there" --q "say \\"hi\\""',
 ]

@@ -79,6 +79,7 @@ def expectations(python: Path, env: dict | None = None) -> dict:
         timeout=300,
         cwd="/",
         env={**os.environ, **(env or {})},
+        check=False,
     )
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("EXPECT:"))
     return json.loads(line[len("EXPECT:") :])
@@ -115,18 +116,21 @@ def run_module(
     argfile = tmp / "args.json"
     argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
     proc = subprocess.run(
-        [sys.executable, "-m", MODULE, str(argfile)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp
+        [sys.executable, "-m", MODULE, str(argfile)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp,
+        check=False,
     )
     try:
         result = json.loads(proc.stdout)
     except ValueError as exc:
         raise AssertionError(f"module printed no JSON: rc={proc.returncode} {proc.stdout!r} {proc.stderr!r}") from exc
     assert (proc.returncode != 0) == bool(result.get("failed")), (proc.returncode, result)
-    result["_systemctl_calls"] = (
-        [json.loads(ln) for ln in (tmp / "systemctl.log").read_text().splitlines() if (tmp / "systemctl.log").exists()]
-        if (tmp / "systemctl.log").exists()
-        else []
-    )
+    log = tmp / "systemctl.log"
+    result["_systemctl_calls"] = [ln.split("\t") for ln in log.read_text().splitlines()] if log.exists() else []
     return result
 
 
@@ -231,7 +235,12 @@ def test_sglang_017(caps_017, expect_017):
 def help_017():
     """The help run of the 0.5.17 venv, done here by the test itself."""
     proc = subprocess.run(
-        [str(PY_017), "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=300, cwd="/"
+        [str(PY_017), "-m", "sglang.launch_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        check=False,
     )
     return proc
 
@@ -377,6 +386,16 @@ def test_unit_without_readable_file_falls_back_to_show(tmp_path):
     assert r["python"]["requested"] == str(PY_017)
     assert r["sglang"]["version"] == "0.5.17"
     assert r["dflash_worker"] == "v2"
+
+
+def test_unit_whose_program_is_not_python(tmp_path):
+    r = run_module(tmp_path, {"unit": "sglang-twice.service"})
+    assert r["failed"] is True
+    assert r["msg"] == (
+        "unit=sglang-twice.service: ExecStart runs /usr/bin/true, which is not a Python interpreter and names none "
+        "in its #! line; pass the interpreter with python=<path> instead of unit"
+    )
+    assert any("has 2 ExecStart commands; only the first one is used" in w for w in warnings(r))
 
 
 def test_unit_user_is_used_for_the_probe(tmp_path):
