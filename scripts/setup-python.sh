@@ -19,6 +19,7 @@ if [ -e "$stamp" ]; then echo "setup-python: up to date ($stamp)"; exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pipq .venv/bin/python -m pip install -q --upgrade pip
 pipq .venv/bin/python -m pip install -q -r requirements/dev.txt -r requirements/sglang-runtime.txt
+pipq .venv/bin/python -m pip install -q -r requirements/sglang-test.txt
 pipq .venv/bin/python -m pip install -q --no-deps "sglang==$SGLANG_MAIN_VERSION"
 pipq .venv/bin/python -m pip install -q --no-deps -e ./sglang-ddtree
 
@@ -30,9 +31,6 @@ for v in $SGLANG_OTHER_VERSIONS; do
   # The runtime (torch, transformers, ...) is shared with .venv; this venv's own site-packages come
   # first on sys.path, so its sglang (and nothing else) shadows the main one.
   echo "$base_site" > "$site/zz-specdec-base.pth"
-  # sglang 0.5.17 imports torchvision at start-up (0.5.23 does not). PyPI's torchvision does not load beside
-  # the CPU torch 2.13 wheel, so this venv gets its own matched pair (shadowing .venv's torch).
-  pipq "$venv/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
   pipq "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" pytest==9.0.3
   pipq "$venv/bin/python" -m pip install -q --no-deps ./sglang-ddtree
 done
