@@ -32,7 +32,7 @@ for v in $SGLANG_OTHER_VERSIONS; do
   # first on sys.path, so its sglang (and nothing else) shadows the main one.
   echo "$base_site" > "$site/zz-specdec-base.pth"
   pipq "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" pytest==9.0.3
-  pipq "$venv/bin/python" -m pip install -q --no-deps ./sglang-ddtree
+  pipq "$venv/bin/python" -m pip install -q --no-deps -e ./sglang-ddtree
 done
 # ansible-test sanity creates a venv per test and bootstraps pip there with a script from a host this machine
 # cannot reach; give it the same bootstrap built from PyPI's pip wheel (scripts/ansible_test_get_pip.py).
