@@ -624,10 +624,10 @@ def summary_message(r: dict) -> str:
     if r["sglang"]["error"]:
         return f"sglang {r['sglang']['version']} in {py} does not import: {r['sglang']['error']}"
     api = "plugin API available" if r["plugin_api"]["available"] else "no plugin API"
-    return (
-        f"sglang {r['sglang']['version']} in {py}: {api}, DFLASH worker {r['dflash_worker']}; "
-        f"DDTREE {'registered' if r['ddtree']['registered'] else 'not registered'} ({r['ddtree']['reason']})"
-    )
+    head = f"sglang {r['sglang']['version']} in {py}: {api}, DFLASH worker {r['dflash_worker']}; "
+    if r["ddtree"]["registered"]:
+        return head + f"DDTREE registered (sglang-ddtree {r['ddtree']['plugin_version']})"
+    return head + f"DDTREE not registered: {r['ddtree']['reason']}"
 
 
 def main() -> None:

@@ -177,6 +177,7 @@ def test_sglang_023_versions_and_paths(caps_023, expect_023):
     assert r["torch_version"] == expect_023["torch"]
     assert r["site_packages"][0].startswith(str(REPO / ".venv" / "lib"))
     assert r["sglang"]["location"].startswith(r["site_packages"][0])
+    assert r["msg"].startswith(f"sglang 0.5.23 in {PY_023}: plugin API available, DFLASH worker v2; DDTREE ")
 
 
 def test_sglang_023_help_lists_the_builtins_of_its_source(caps_023, expect_023):
@@ -326,6 +327,7 @@ def test_environment_reaches_the_probe(unit_nextn, expect_023):
         assert ep["loaded"] is False and "SGLANG_PLUGINS" in ep["error"]
     assert r["ddtree"]["registered"] is False
     assert "DDTREE" not in r["plugin_algorithms"]
+    assert r["msg"].endswith(f"DDTREE not registered: {r['ddtree']['reason']}")
 
 
 def test_exec_start_new(unit_nextn):
