@@ -2,9 +2,10 @@
 
 For each (B, N, V) with D = 15 it times, per decoding step:
 
-* ``eager``: ``build_tree(draft_logits) + greedy_walk`` launched op by op;
-* ``graph``: the same captured once in a CUDA graph and replayed (CUDA only);
-* ``tree-only graph``: ``build_tree_from_topk`` + walk from precomputed top-k (the tree stage alone; CUDA only);
+* ``<backend>_eager``: ``build_tree(draft_logits, backend=...) + greedy_walk`` launched op by op, for the
+  ``torch`` backend (plain torch ops) and the ``triton`` backend (fused kernels; CUDA only);
+* ``<backend>_graph``: the same captured once in a CUDA graph and replayed (CUDA only);
+* ``<backend>_tree_only_graph``: ``build_tree_from_topk`` + walk from precomputed top-k (the tree stage alone);
 * ``heap``: the reference algorithm: log-softmax + top-k on the device, device-to-host copy of the top-k and of
   the target tokens, then a Python best-first heap and a child-map walk per request (as the public DDTree
   implementation and its vLLM port do).
@@ -69,10 +70,17 @@ def heap_walk(child_maps, target):
     return path, target[cur]
 
 
-def heap_step(logits, target, budget):
-    """One decoding step of the reference: device top-k, D2H copies, per-request heap + walk on the CPU."""
+def heap_step(logits, target, budget, normalizer=None):
+    """One decoding step of the reference: device top-k, D2H copies, per-request heap + walk on the CPU.
+
+    With ``normalizer`` (a tree's row_max, row_logsum) the candidates are ranked exactly (ties by token id)
+    instead of by torch.topk, for the agreement check.
+    """
     k = min(budget, logits.shape[-1])
-    vals, idx = torch.topk(log_softmax_f32(logits), k, dim=-1)
+    if normalizer is None:
+        vals, idx = torch.topk(torch.log_softmax(logits.float(), -1), k, dim=-1)
+    else:
+        vals, idx = exact_topk(log_softmax_f32(logits, normalizer), k)
     vals, idx, tgt = vals.cpu().tolist(), idx.cpu().tolist(), target.cpu().tolist()
     out = []
     for b in range(len(vals)):
@@ -133,37 +141,44 @@ def bench_one(bsz, budget, vocab, args, device):
     k = min(budget, vocab)
     top_vals, top_idx = exact_topk(log_softmax_f32(logits), k)
 
-    def ours():
-        greedy_walk(build_tree(logits, budget), target)
-
-    def tree_only():
-        greedy_walk(build_tree_from_topk(top_vals, top_idx, budget), target)
-
     row = {"B": bsz, "N": budget, "V": vocab, "D": DEPTH}
     cuda = device.type == "cuda"
-    if cuda:
-        row["eager_ms"] = time_cuda(ours, args.iters)
-        graph = capture(ours)
-        row["graph_ms"] = time_cuda(graph.replay, args.iters)
-        graph_t = capture(tree_only)
-        row["tree_only_graph_ms"] = time_cuda(graph_t.replay, args.iters)
-        del graph, graph_t
-        sync = torch.cuda.synchronize
-    else:
-        row["eager_ms"] = time_host(ours, args.iters)
-        sync = None
+    for backend in args.backends:
+        if backend == "triton" and not cuda:
+            continue
+
+        def ours(backend=backend):
+            greedy_walk(build_tree(logits, budget, backend=backend), target)
+
+        def tree_only(backend=backend):
+            greedy_walk(build_tree_from_topk(top_vals, top_idx, budget, backend=backend), target)
+
+        if cuda:
+            row[f"{backend}_eager_ms"] = time_cuda(ours, args.iters)
+            graph = capture(ours)
+            row[f"{backend}_graph_ms"] = time_cuda(graph.replay, args.iters)
+            graph_t = capture(tree_only)
+            row[f"{backend}_tree_only_graph_ms"] = time_cuda(graph_t.replay, args.iters)
+            del graph, graph_t
+        else:
+            row[f"{backend}_eager_ms"] = time_host(ours, args.iters)
+    sync = torch.cuda.synchronize if cuda else None
     row["heap_ms"] = time_host(lambda: heap_step(logits, target, budget), max(3, args.iters // 5), sync=sync)
-    best = row.get("graph_ms", row["eager_ms"])
+    best = min(v for k, v in row.items() if k.endswith(("_graph_ms", "_eager_ms")) and "tree_only" not in k)
+    row["best_ms"] = best
     row["speedup"] = row["heap_ms"] / best
     # sanity: the batched walk agrees with the heap walk (both accept the same path length)
     _, acc_len, bonus = greedy_walk(tree, target)
-    ref = heap_step(logits, target, budget)
+    ref = heap_step(logits, target, budget, normalizer=(tree.row_max, tree.row_logsum))
     row["walks_agree"] = [len(p) - 1 for p, _ in ref] == acc_len.tolist() and [b for _, b in ref] == bonus.tolist()
     return row
 
 
 def markdown(rows, device_name):
-    cols = ["B", "N", "V", "eager_ms", "graph_ms", "tree_only_graph_ms", "heap_ms", "speedup", "walks_agree"]
+    cols = ["B", "N", "V"]
+    for backend in ("torch", "triton"):
+        cols += [f"{backend}_eager_ms", f"{backend}_graph_ms", f"{backend}_tree_only_graph_ms"]
+    cols += ["heap_ms", "speedup", "walks_agree"]
     cols = [c for c in cols if any(c in r for r in rows)]
     lines = [f"DDTree build_tree + greedy_walk, D = {DEPTH}, device: {device_name} (median ms per step)", ""]
     lines.append("| " + " | ".join(cols) + " |")
@@ -188,11 +203,15 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", default=None, help="comma list of B (default 1,8,32,64)")
     parser.add_argument("--budgets", default=None, help="comma list of N (default 8,16,32)")
     parser.add_argument("--vocab", default=None, help="comma list of V (default 151936,248320)")
+    parser.add_argument("--backends", default="torch,triton", help="comma list of build_tree backends")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error(f"--iters {args.iters} is invalid: must be >= 1")
     args.dtype = getattr(torch, args.dtype)
+    args.backends = [b for b in args.backends.split(",") if b]
+    if not args.backends or any(b not in ("torch", "triton") for b in args.backends):
+        parser.error(f"--backends {','.join(args.backends)!r} is invalid: use torch and/or triton")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available; use --device cpu --small")

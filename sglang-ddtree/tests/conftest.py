@@ -21,6 +21,17 @@ def device() -> torch.device:
     return dev
 
 
+def backends() -> list[str]:
+    """Tree backends under test: torch everywhere; also the compiled Triton kernels on CUDA (on CPU the Triton
+    kernels run in Triton's interpreter in test_triton_interpreted.py, a subprocess)."""
+    return ["torch", "triton"] if ddtree_device().type == "cuda" else ["torch"]
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", backends())
+
+
 def pytest_configure(config):
     # Tiny CPU matmuls are far faster on one thread, and several thread pools on a shared 2-core machine spin
     # against each other (measured: 0.19 s vs 5.5 s for one engine run). SGLANG_DDTREE_TEST_THREADS overrides.

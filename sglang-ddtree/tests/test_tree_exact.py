@@ -40,9 +40,11 @@ def make_logits(kind: str, bsz: int, depth: int, vocab: int, seed: int) -> torch
     raise AssertionError(kind)
 
 
-def assert_tree_matches_heap(logits: torch.Tensor, budget: int, device: torch.device) -> None:
-    tree = build_tree(logits.to(device), budget)
-    logprobs = log_softmax_f32(logits.to(device)).cpu().numpy()
+def assert_tree_matches_heap(logits: torch.Tensor, budget: int, device: torch.device, backend: str = "torch") -> None:
+    logits = logits.to(device)
+    tree = build_tree(logits, budget, backend=backend)
+    # the log-probabilities this build ranked: its own normaliser (checked against logsumexp separately)
+    logprobs = log_softmax_f32(logits, (tree.row_max, tree.row_logsum)).cpu().numpy()
     for b in range(logits.shape[0]):
         ref = heap_tree(logprobs[b], budget)
         n = len(ref)
@@ -81,45 +83,46 @@ CASES = [
 
 @pytest.mark.parametrize(("kind", "bsz", "depth", "vocab", "budget"), CASES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_matches_heap(kind, bsz, depth, vocab, budget, seed, device):
-    assert_tree_matches_heap(make_logits(kind, bsz, depth, vocab, seed), budget, device)
+def test_matches_heap(kind, bsz, depth, vocab, budget, seed, device, backend):
+    assert_tree_matches_heap(make_logits(kind, bsz, depth, vocab, seed), budget, device, backend)
 
 
 @pytest.mark.parametrize("depth", list(range(1, 16)))
-def test_every_depth_limit(depth, device):
+def test_every_depth_limit(depth, device, backend):
     logits = make_logits("random", 2, depth, 30, seed=depth)
     for budget in (1, 2, depth, 3 * depth):
-        assert_tree_matches_heap(logits, budget, device)
+        assert_tree_matches_heap(logits, budget, device, backend)
 
 
 @pytest.mark.parametrize("budget", list(range(1, 65)))
-def test_every_budget(budget, device):
+def test_every_budget(budget, device, backend):
     logits = make_logits("ties", 1, 6, 9, seed=budget) + make_logits("random", 1, 6, 9, seed=budget) * 0.01
-    assert_tree_matches_heap(logits, budget, device)
+    assert_tree_matches_heap(logits, budget, device, backend)
 
 
 @pytest.mark.parametrize("vocab", [151936, 248320])
-def test_large_vocabulary(vocab, device):
+def test_large_vocabulary(vocab, device, backend):
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn((2, 3, vocab), generator=gen) * 2
     logits[0, :, 1000:1010] = 9.0  # a block of tied top tokens in row 0
     logits[1, 1, 5] = 40.0  # a near-certain token: log-prob exactly 0.0
-    assert_tree_matches_heap(logits, 16, device)
+    assert_tree_matches_heap(logits, 16, device, backend)
+    assert_tree_matches_heap(logits.to(torch.bfloat16), 16, device, backend)
 
 
-def test_batch_rows_get_different_trees(device):
+def test_batch_rows_get_different_trees(device, backend):
     logits = torch.stack([make_logits("random", 1, 5, 40, seed=s)[0] for s in range(4)])
-    tree = build_tree(logits.to(device), 12)
+    tree = build_tree(logits.to(device), 12, backend=backend)
     rows = {tuple(tree.tokens[b].tolist()) + tuple(tree.parents[b].tolist()) for b in range(4)}
     assert len(rows) == 4
     for b in range(4):  # each row equals its own single-row tree
-        single = build_tree(logits[b : b + 1].to(device), 12)
+        single = build_tree(logits[b : b + 1].to(device), 12, backend=backend)
         assert torch.equal(single.tokens[0], tree.tokens[b])
         assert torch.equal(single.parents[0], tree.parents[b])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_signed_zero_logprobs_tie(seed, device):
+def test_signed_zero_logprobs_tie(seed, device, backend):
     """-0.0 and +0.0 log-probabilities are equal (ties broken by token id / rank tuple), as in the heap."""
     gen = torch.Generator().manual_seed(seed)
     bsz, depth, vocab, budget = 2, 6, 5, 40
@@ -127,16 +130,33 @@ def test_signed_zero_logprobs_tie(seed, device):
     lp = torch.where(choice == 0, -0.0, torch.where(choice == 1, 0.0, -(choice.float() - 1.0)))
     assert (torch.signbit(lp) & (lp == 0)).any() and (~torch.signbit(lp) & (lp == 0)).any()
     ids = torch.arange(vocab).expand(bsz, depth, vocab)
-    tree = build_tree_from_topk(lp.to(device), ids.to(device), budget)
+    tree = build_tree_from_topk(lp.to(device), ids.to(device), budget, backend=backend)
     for b in range(bsz):
         ref = heap_tree(lp[b].numpy(), budget)
         assert tree.tokens[b, : len(ref)].tolist() == [r.token for r in ref]
         assert tree.parents[b, 1 : len(ref) + 1].tolist() == [r.parent for r in ref]
 
 
-def test_bfloat16_logits(device):
+def test_bfloat16_logits(device, backend):
     logits = make_logits("random", 2, 6, 64, seed=3).to(torch.bfloat16)  # bf16 rounding creates ties
-    assert_tree_matches_heap(logits, 24, device)
+    assert_tree_matches_heap(logits, 24, device, backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_normaliser_is_the_log_sum_exp(dtype, device, backend):
+    logits = (torch.randn((3, 4, 5000), generator=torch.Generator().manual_seed(2)) * 4).to(dtype).to(device)
+    logits[0, 0, :4000] = float("-inf")
+    tree = build_tree(logits, 8, backend=backend)
+    x = logits.float()
+    torch.testing.assert_close(tree.row_max, x.amax(-1))
+    torch.testing.assert_close(tree.row_max + tree.row_logsum, torch.logsumexp(x, -1), rtol=0, atol=2e-5)
+    lp = log_softmax_f32(logits, (tree.row_max, tree.row_logsum))
+    torch.testing.assert_close(lp[lp > -1e30], torch.log_softmax(x, -1)[lp > -1e30], rtol=0, atol=2e-5)
+
+
+def test_backend_option_is_checked():
+    with pytest.raises(ValueError, match="backend='gpu' is invalid"):
+        build_tree(torch.zeros(1, 2, 3), 2, backend="gpu")
 
 
 def test_exact_topk_tie_order(device):
@@ -146,7 +166,7 @@ def test_exact_topk_tie_order(device):
     assert values.tolist() == [[0.0, 0.0, -0.5, -0.5, -0.5, -1.0]]
 
 
-def test_from_topk_with_sharded_candidates_equals_full_logits(device):
+def test_from_topk_with_sharded_candidates_equals_full_logits(device, backend):
     """Tensor-parallel style input: per-shard top-k, normalised by the global log-sum-exp, concatenated."""
     gen = torch.Generator().manual_seed(7)
     bsz, depth, vocab, shards, budget = 3, 6, 64, 4, 10
@@ -155,9 +175,9 @@ def test_from_topk_with_sharded_candidates_equals_full_logits(device):
         + 0.1 * torch.randn((bsz, depth, vocab), generator=gen).round()
     )
     logits = logits.to(device)
-    full = build_tree(logits, budget)
+    full = build_tree(logits, budget, backend=backend)
     lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
-    lp_all = log_softmax_f32(logits)
+    lp_all = log_softmax_f32(logits, (full.row_max, full.row_logsum))
     per = vocab // shards
     lps, toks = [], []
     for s in range(shards):
@@ -167,7 +187,7 @@ def test_from_topk_with_sharded_candidates_equals_full_logits(device):
         toks.append(i + s * per)
     cat_lp, cat_tok = torch.cat(lps, -1), torch.cat(toks, -1)
     perm = torch.randperm(cat_lp.shape[-1], generator=gen).to(device)
-    tree = build_tree_from_topk(cat_lp[..., perm], cat_tok[..., perm], budget)
+    tree = build_tree_from_topk(cat_lp[..., perm], cat_tok[..., perm], budget, backend=backend)
     for name in ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores"):
         assert torch.equal(getattr(tree, name), getattr(full, name)), name
     assert lse.shape == (bsz, depth, 1)

@@ -32,17 +32,11 @@ def logits_for(shape, seed):
     return torch.randn((bsz, depth, vocab), generator=gen) * 2
 
 
-def trees(device):
-    for i, shape in enumerate(SHAPES):
-        logits = logits_for(shape, i).to(device)
-        yield shape, logits, build_tree(logits, shape[3])
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_structure(shape, device):
+def test_structure(shape, device, backend):
     bsz, depth, vocab, budget, _ = shape
     logits = logits_for(shape, 11).to(device)
-    tree = build_tree(logits, budget)
+    tree = build_tree(logits, budget, backend=backend)
     assert tree.tokens.shape == (bsz, budget) and tree.tokens.dtype == torch.int64
     assert tree.depths.shape == (bsz, budget)
     assert tree.parents.shape == (bsz, budget + 1)
@@ -72,7 +66,7 @@ def test_structure(shape, device):
             assert len({tokens[c - 1] for c in kids}) == len(kids)
             assert [tree.ranks[b, c - 1].item() for c in kids] == list(range(len(kids)))
         # scores: parent score + own log-prob, and non-increasing in pop order
-        lp = log_softmax_f32(logits[b].cpu())
+        lp = log_softmax_f32(logits, (tree.row_max, tree.row_logsum))[b].cpu()
         scores = tree.scores[b].tolist()
         for i in range(1, n):
             own = lp[depths[i] - 1, tokens[i - 1]].item()
@@ -84,9 +78,9 @@ def test_structure(shape, device):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_ancestors_and_child_links(shape, device):
+def test_ancestors_and_child_links(shape, device, backend):
     logits = logits_for(shape, 5).to(device)
-    tree = build_tree(logits, shape[3])
+    tree = build_tree(logits, shape[3], backend=backend)
     size = shape[3] + 1
     for b in range(shape[0]):
         parents = tree.parents[b].tolist()
@@ -113,15 +107,15 @@ def test_ancestors_and_child_links(shape, device):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_nesting(seed, device):
+def test_nesting(seed, device, backend):
     """The tree of budget N is exactly the first N nodes of the tree of budget N+1."""
     gen = torch.Generator().manual_seed(seed)
     logits = (torch.randint(0, 3, (2, 5, 6), generator=gen).float() + torch.randn((2, 5, 6), generator=gen) * 0.3).to(
         device
     )
-    prev = build_tree(logits, 1)
+    prev = build_tree(logits, 1, backend=backend)
     for budget in range(2, 41):
-        cur = build_tree(logits, budget)
+        cur = build_tree(logits, budget, backend=backend)
         n = budget - 1
         assert torch.equal(cur.tokens[:, :n], prev.tokens)
         assert torch.equal(cur.parents[:, : n + 1], prev.parents)
@@ -131,7 +125,7 @@ def test_nesting(seed, device):
 
 @pytest.mark.parametrize(("depth", "vocab", "budget"), [(3, 2, 4), (3, 2, 6), (2, 3, 5), (3, 3, 6), (4, 2, 7)])
 @pytest.mark.parametrize("ties", [False, True])
-def test_brute_force_optimal_and_ordered(depth, vocab, budget, ties, device):
+def test_brute_force_optimal_and_ordered(depth, vocab, budget, ties, device, backend):
     """Tiny V and D: (a) the tree equals the top-N of ALL rank tuples under the total order; (b) among all
     prefix-closed node sets of size N, it maximises the sum of path probabilities (expected acceptance)."""
     gen = torch.Generator().manual_seed(depth * 100 + vocab * 10 + budget + int(ties))
@@ -139,8 +133,8 @@ def test_brute_force_optimal_and_ordered(depth, vocab, budget, ties, device):
         logits = torch.randint(0, 2, (1, depth, vocab), generator=gen).float()
     else:
         logits = torch.randn((1, depth, vocab), generator=gen)
-    tree = build_tree(logits.to(device), budget)
-    lp = log_softmax_f32(logits)[0].numpy()
+    tree = build_tree(logits.to(device), budget, backend=backend)
+    lp = log_softmax_f32(logits.to(device), (tree.row_max, tree.row_logsum))[0].cpu().numpy()
     tuples = all_tuples(lp, budget)
     ordered = sorted(tuples, key=lambda st: (-st[0], st[1]))[:budget]
     got_scores = tree.scores[0, : len(ordered)].tolist()
@@ -192,10 +186,10 @@ def random_targets(tree, vocab, gen, follow_prob=0.8):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
 @pytest.mark.parametrize("follow", [0.0, 0.8, 1.0])
-def test_greedy_walk_is_longest_matching_path(shape, follow, device):
+def test_greedy_walk_is_longest_matching_path(shape, follow, device, backend):
     bsz, depth, vocab, budget, _ = shape
     gen = torch.Generator().manual_seed(int(follow * 10) + budget)
-    tree = build_tree(logits_for(shape, 3).to(device), budget)
+    tree = build_tree(logits_for(shape, 3).to(device), budget, backend=backend)
     tree_cpu_tokens = tree.tokens.cpu()
     lengths = []
     for _ in range(3):
@@ -212,10 +206,10 @@ def test_greedy_walk_is_longest_matching_path(shape, follow, device):
         assert max(lengths) >= 1
 
 
-def test_greedy_walk_full_depth_chain(device):
+def test_greedy_walk_full_depth_chain(device, backend):
     """A one-token vocabulary gives a chain; a target that agrees accepts all D nodes."""
     logits = torch.zeros((2, 5, 1), device=device)
-    tree = build_tree(logits, 5)
+    tree = build_tree(logits, 5, backend=backend)
     target = torch.zeros((2, 6), dtype=torch.long, device=device)
     accept_index, accept_len, bonus = greedy_walk(tree, target)
     assert accept_len.tolist() == [5, 5]
@@ -223,7 +217,7 @@ def test_greedy_walk_full_depth_chain(device):
     assert bonus.tolist() == [0, 0]
 
 
-def test_greedy_walk_rejects_bad_shape(device):
-    tree = build_tree(torch.zeros((1, 2, 3), device=device), 4)
+def test_greedy_walk_rejects_bad_shape(device, backend):
+    tree = build_tree(torch.zeros((1, 2, 3), device=device), 4, backend=backend)
     with pytest.raises(ValueError, match=r"target_tokens must have shape \[B, N\+1\]"):
         greedy_walk(tree, torch.zeros((1, 4), dtype=torch.long, device=device))

@@ -37,7 +37,8 @@ the preorder index in the trie formed by the beams (computed from subtree sizes,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -48,6 +49,8 @@ __all__ = [
     "exact_topk",
     "log_softmax_f32",
     "order_key_f32",
+    "resolve_backend",
+    "row_normalizer",
 ]
 
 _LOW_MASK = (1 << 31) - 1
@@ -77,6 +80,8 @@ class DraftTree:
             padding columns.
         logprobs: float32 [B, N]. Drafter log-probability of each node's token at its depth (q of the node).
         max_depth: D, the depth limit (static).
+        row_max, row_logsum: float32 [B, D] or None. The log-softmax normaliser used by ``build_tree``:
+            ``logprob = (float32(logit) - row_max) - row_logsum`` (None for ``build_tree_from_topk``).
     """
 
     tokens: torch.Tensor
@@ -90,6 +95,8 @@ class DraftTree:
     ranks: torch.Tensor
     logprobs: torch.Tensor
     max_depth: int
+    row_max: torch.Tensor | None = None
+    row_logsum: torch.Tensor | None = None
 
     @property
     def budget(self) -> int:
@@ -109,9 +116,24 @@ class DraftTree:
         return idx[None, :] < self.num_nodes[:, None]
 
 
-def log_softmax_f32(logits: torch.Tensor) -> torch.Tensor:
-    """The float32 log-softmax that defines drafter log-probabilities: ``torch.log_softmax(x.float(), -1)``."""
-    return torch.log_softmax(logits.float(), dim=-1)
+def row_normalizer(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row max, log(sum(exp(x - max)))) in float32 over the last dim (the torch backend's normaliser)."""
+    x = logits.float()
+    row_max = x.amax(dim=-1)
+    shift = torch.where(torch.isinf(row_max), 0.0, row_max)
+    row_logsum = torch.log(torch.exp(x - shift[..., None]).sum(dim=-1))
+    return row_max, row_logsum
+
+
+def log_softmax_f32(logits: torch.Tensor, normalizer: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Float32 log-probabilities as the tree defines them: ``(x - row_max) - row_logsum``.
+
+    ``normalizer`` defaults to :func:`row_normalizer`; pass ``(tree.row_max, tree.row_logsum)`` to reproduce
+    exactly the values a ``build_tree`` call ranked (the Triton backend sums the exponentials in another order,
+    so its ``row_logsum`` may differ in the last bit).
+    """
+    row_max, row_logsum = row_normalizer(logits) if normalizer is None else normalizer
+    return (logits.float() - row_max[..., None]) - row_logsum[..., None]
 
 
 def order_key_f32(values: torch.Tensor) -> torch.Tensor:
@@ -158,13 +180,37 @@ def _check_budget(budget: int) -> int:
     return budget
 
 
-def build_tree(draft_logits: torch.Tensor, budget: int) -> DraftTree:
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """ "torch" or "triton": explicit, else $SGLANG_DDTREE_BACKEND, else "auto" (Triton on CUDA if importable)."""
+    choice = backend or os.environ.get("SGLANG_DDTREE_BACKEND", "auto")
+    if choice not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend={choice!r} is invalid: use 'auto', 'torch' or 'triton'")
+    if choice == "auto":
+        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if choice == "triton" and not _triton_available():
+        raise ValueError("backend='triton' needs the triton package; install it or use backend='torch'")
+    return choice
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None = None) -> DraftTree:
     """Build the exact DDTree draft trees of a batch from drafter logits.
 
     Args:
         draft_logits: [B, D, V] logits (any float dtype) of the drafter at block positions 1..D
-            (position 0 is the root/bonus token). Log-probabilities are ``log_softmax_f32(draft_logits)``.
+            (position 0 is the root/bonus token). Log-probabilities are
+            ``(float32(x) - row_max) - row_logsum`` (see :func:`log_softmax_f32`; returned in the tree).
         budget: N >= 1, number of draft nodes per tree (the verify pass has N+1 tokens per request).
+        backend: "torch" (pure torch ops, any device), "triton" (fused kernels; CUDA, or CPU under
+            TRITON_INTERPRET=1), or None/"auto" (Triton on CUDA when available). Both give the exact tree of
+            the log-probabilities they report.
 
     Returns:
         DraftTree on the device of ``draft_logits``.
@@ -175,12 +221,29 @@ def build_tree(draft_logits: torch.Tensor, budget: int) -> DraftTree:
             "with draft_logits[None] for a single request"
         )
     budget = _check_budget(budget)
-    k = min(budget, int(draft_logits.shape[-1]))
-    values, indices = exact_topk(log_softmax_f32(draft_logits), k)
-    return _build_sorted(values, indices, budget)
+    bsz, depth, vocab = draft_logits.shape
+    k = min(budget, int(vocab))
+    if resolve_backend(backend, draft_logits.device) == "triton":
+        from ._triton_tree import build_sorted
+        from ._triton_vocab import topk_logprobs
+
+        values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k)
+        fields = build_sorted(values.view(bsz, depth, k), indices.view(bsz, depth, k), budget)
+        return DraftTree(
+            **fields,
+            max_depth=depth,
+            row_max=row_max.view(bsz, depth),
+            row_logsum=row_logsum.view(bsz, depth),
+        )
+    row_max, row_logsum = row_normalizer(draft_logits)
+    values, indices = exact_topk(log_softmax_f32(draft_logits, (row_max, row_logsum)), k)
+    tree = _build_sorted(values, indices, budget)
+    return replace(tree, row_max=row_max, row_logsum=row_logsum)
 
 
-def build_tree_from_topk(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int) -> DraftTree:
+def build_tree_from_topk(
+    topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int, *, backend: str | None = None
+) -> DraftTree:
     """Build the trees from per-depth candidate lists instead of full logits (e.g. gathered across TP ranks).
 
     The candidates need not be sorted and may be a superset (e.g. the concatenation of every vocabulary
@@ -193,6 +256,7 @@ def build_tree_from_topk(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor,
         topk_logprobs: float32 [B, D, K'] candidate log-probabilities.
         topk_tokens: integer [B, D, K'] candidate token ids (0 <= id < 2**31).
         budget: N >= 1.
+        backend: as for :func:`build_tree`.
     """
     if topk_logprobs.dim() != 3 or topk_logprobs.shape != topk_tokens.shape:
         raise ValueError(
@@ -206,6 +270,10 @@ def build_tree_from_topk(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor,
     _, order = torch.topk(keys, k, dim=-1, largest=True, sorted=True)
     values = torch.gather(logprobs, -1, order)
     tokens = torch.gather(topk_tokens.to(torch.int64), -1, order)
+    if resolve_backend(backend, logprobs.device) == "triton":
+        from ._triton_tree import build_sorted
+
+        return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]))
     return _build_sorted(values, tokens, budget)
 
 

@@ -1,0 +1,231 @@
+"""Triton kernels: exact per-row top-K of float32 log-probabilities in ~one streaming pass over the logits.
+
+Order: log-probability ``lp = (x - m) - logsum`` (float32; m = row max, logsum = log(sum(exp(x - m))), both
+returned) descending, ties by token id ascending; exactly as ``exact_topk`` on the full row of those values.
+
+1. ``_vocab_scan`` (grid rows x groups): per tile of TILE logits its max, per group the online-softmax pair
+   (max, sum(exp(x - max))).
+2. ``_vocab_select`` (grid rows): combines the row's log-sum-exp, picks the K tiles with the largest max (ties:
+   lower tile first), loads only those and extracts the K best (lp, id) keys. Every element outside those tiles
+   has a logit <= M', the best unselected tile max. The selection is certified exact when lp(M') < lp of the
+   K-th pick, or when M' <= its logit and the next representable input value below that logit already has a
+   smaller lp (exact logit ties across tiles are resolved by the tile order: a lower tile holds lower ids).
+   Otherwise (float32 rounding made distinct logits share a log-probability at the boundary, which is rare)
+   the program rescans the whole row exactly, so the result is always exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_INT64_MIN = -(2**63)
+_LOW = 2147483647  # 2**31 - 1
+
+
+@triton.jit
+def _ord32(v):
+    bits = v.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _pack(lp, ids):
+    # (lp desc, id asc) -> int64 desc; lp + 0.0 merges -0.0 into +0.0
+    return (_ord32(lp + 0.0).to(tl.int64) << 32) | (2147483647 - ids).to(tl.int64)
+
+
+@triton.jit
+def _unpack_lp(key):
+    ordv = (key >> 32).to(tl.int32)
+    bits = ordv ^ ((ordv >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _vocab_scan(
+    x_ptr,
+    stride_row,
+    V,
+    T,
+    P,
+    tmax_ptr,
+    pm_ptr,
+    ps_ptr,
+    TILE: tl.constexpr,
+    TPP: tl.constexpr,
+):
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    tiles = grp * TPP + tl.arange(0, TPP)
+    offs = tiles[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    mask = offs < V
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    tm = tl.max(x, axis=1)
+    tl.store(tmax_ptr + row.to(tl.int64) * T + tiles, tm, mask=tiles < T)
+    m = tl.max(tm, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.sum(tl.where(mask, tl.exp(x - m_safe), 0.0), axis=1), axis=0)
+    tl.store(pm_ptr + row * P + grp, m)
+    tl.store(ps_ptr + row * P + grp, s)
+
+
+@triton.jit
+def _vocab_select(
+    x_ptr,
+    stride_row,
+    V,
+    T,
+    P,
+    K,
+    STEP,
+    tmax_ptr,
+    pm_ptr,
+    ps_ptr,
+    scratch_ptr,
+    out_val_ptr,
+    out_id_ptr,
+    out_m_ptr,
+    out_ls_ptr,
+    out_fallback_ptr,
+    TILE: tl.constexpr,
+    TP: tl.constexpr,
+    PP: tl.constexpr,
+    KP: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row64 = row.to(tl.int64)
+    x_row = x_ptr + row64 * stride_row
+    neg_inf = float("-inf")
+    key_min = -9223372036854775808
+
+    # row log-sum-exp from the group partials
+    p = tl.arange(0, PP)
+    pm = tl.load(pm_ptr + row * P + p, mask=p < P, other=neg_inf)
+    ps = tl.load(ps_ptr + row * P + p, mask=p < P, other=0.0)
+    m = tl.max(pm, axis=0)
+    m_safe = tl.where(m == neg_inf, 0.0, m)
+    terms = tl.where(pm == neg_inf, 0.0, ps * tl.exp(pm - m_safe))
+    ls = tl.log(tl.sum(terms, axis=0))
+    tl.store(out_m_ptr + row, m)
+    tl.store(out_ls_ptr + row, ls)
+
+    # the K tiles with the largest max (ties: lower tile first), via a sorted scratch copy
+    t = tl.arange(0, TP)
+    tm = tl.load(tmax_ptr + row64 * T + t, mask=t < T, other=neg_inf)
+    tkey = tl.where(t < T, (_ord32(tm + 0.0).to(tl.int64) << 32) | (2147483647 - t).to(tl.int64), key_min)
+    tkey = tl.sort(tkey, descending=True)
+    tl.store(scratch_ptr + row64 * TP + t, tkey)
+    tl.debug_barrier()
+    kt = tl.minimum(K, T)
+    j = tl.arange(0, KP)
+    sel_keys = tl.load(scratch_ptr + row64 * TP + j, mask=j < kt, other=key_min)
+    tile_ids = 2147483647 - (sel_keys & 0xFFFFFFFF)
+    next_key = tl.load(scratch_ptr + row64 * TP + kt, mask=kt < T, other=key_min)
+    m_next = tl.where(kt < T, _unpack_lp(next_key), neg_inf)  # M': best unselected tile max
+
+    offs = tile_ids[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    valid = (j < kt)[:, None] & (offs < V) & (offs >= 0)
+    x = tl.load(x_row + offs, mask=valid, other=neg_inf).to(tl.float32)
+    lp = (x - m) - ls
+    keys = tl.where(valid, _pack(lp, offs), key_min)
+
+    best = tl.max(tl.max(keys, axis=1), axis=0)
+    for i in range(K):
+        best = tl.max(tl.max(keys, axis=1), axis=0)
+        tl.store(out_val_ptr + row64 * K + i, _unpack_lp(best))
+        tl.store(out_id_ptr + row64 * K + i, (2147483647 - (best & 0xFFFFFFFF)).to(tl.int64))
+        keys = tl.where(keys == best, key_min, keys)
+
+    # certificate (see module docstring)
+    lp_star = _unpack_lp(best)
+    id_star = 2147483647 - (best & 0xFFFFFFFF)
+    x_star = tl.load(x_row + id_star).to(tl.float32)
+    c1 = ((m_next - m) - ls) < lp_star
+    bits = x_star.to(tl.int32, bitcast=True)
+    bits = tl.where(x_star == 0.0, -2147483648, bits)
+    prev_bits = tl.where(bits < 0, bits + STEP, bits - STEP)
+    x_prev = prev_bits.to(tl.float32, bitcast=True)
+    c2 = (m_next <= x_star) & ((x_star == neg_inf) | (((x_prev - m) - ls) < lp_star))
+    ok = c1 | c2
+    tl.store(out_fallback_ptr + row, (~ok).to(tl.int32))
+    if not ok:
+        # exact rescan of the whole row: K passes, each taking the best key below the previous one
+        prev = best * 0 + 9223372036854775807
+        for i in range(K):
+            cur = prev * 0 + key_min
+            for start in range(0, V, TILE):
+                o = start + tl.arange(0, TILE)
+                xv = tl.load(x_row + o, mask=o < V, other=neg_inf).to(tl.float32)
+                kv = tl.where(o < V, _pack((xv - m) - ls, o), key_min)
+                kv = tl.where(kv < prev, kv, key_min)
+                cur = tl.maximum(cur, tl.max(kv, axis=0))
+            tl.store(out_val_ptr + row64 * K + i, _unpack_lp(cur))
+            tl.store(out_id_ptr + row64 * K + i, (2147483647 - (cur & 0xFFFFFFFF)).to(tl.int64))
+            prev = cur
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+_STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
+
+
+def topk_logprobs(logits: torch.Tensor, k: int, elements: int = 8192):
+    """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
+
+    Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
+    fallback int32 [R] (1 where the exact rescan ran)).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [R, V], got {tuple(logits.shape)}")
+    if logits.dtype not in _STEP:
+        logits = logits.float()
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    rows, vocab = logits.shape
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k={k} must be in 1..{vocab}")
+    kp = _next_pow2(k)
+    tile = max(64, min(1024, elements // kp))
+    tiles = -(-vocab // tile)
+    tpp = max(1, min(_next_pow2(tiles), elements // tile))
+    groups = -(-tiles // tpp)
+    device = logits.device
+    tmax = torch.empty((rows, tiles), dtype=torch.float32, device=device)
+    pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
+    ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
+    tp = _next_pow2(tiles)
+    scratch = torch.empty((rows, tp + 1), dtype=torch.int64, device=device)
+    values = torch.empty((rows, k), dtype=torch.float32, device=device)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=device)
+    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
+    fallback = torch.empty((rows,), dtype=torch.int32, device=device)
+    _vocab_scan[(rows, groups)](logits, logits.stride(0), vocab, tiles, groups, tmax, pm, ps, TILE=tile, TPP=tpp)
+    _vocab_select[(rows,)](
+        logits,
+        logits.stride(0),
+        vocab,
+        tiles,
+        groups,
+        k,
+        _STEP[logits.dtype],
+        tmax,
+        pm,
+        ps,
+        scratch,
+        values,
+        ids,
+        row_max,
+        row_logsum,
+        fallback,
+        TILE=tile,
+        TP=tp,
+        PP=_next_pow2(groups),
+        KP=kp,
+        num_warps=8,
+    )
+    return values, ids, row_max, row_logsum, fallback

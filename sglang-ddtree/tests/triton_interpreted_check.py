@@ -1,0 +1,92 @@
+"""Run by test_triton_interpreted.py in a subprocess with TRITON_INTERPRET=1: the Triton kernels on the CPU.
+
+Prints one JSON object per case: {"case": ..., "ok": bool, "detail": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+import torch  # noqa: E402
+from ddtree_testlib import heap_tree  # noqa: E402
+
+from sglang_ddtree._triton_vocab import topk_logprobs  # noqa: E402
+from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32  # noqa: E402
+
+torch.set_num_threads(1)
+FIELDS = ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores", "ranks")
+
+
+def report(case, ok, detail=""):
+    print(json.dumps({"case": case, "ok": bool(ok), "detail": str(detail)}), flush=True)
+
+
+def vocab_case(name, x, k, expect_fallback=None):
+    values, ids, row_max, row_logsum, fallback = topk_logprobs(x, k, elements=512)
+    lp = (x.float() - row_max[:, None]) - row_logsum[:, None]
+    ref_v, ref_i = exact_topk(lp, k)
+    ok = torch.equal(ids, ref_i) and torch.equal(values, ref_v)
+    ok = ok and torch.allclose(row_max + row_logsum, torch.logsumexp(x.float(), -1), atol=2e-5)
+    if expect_fallback is not None:
+        ok = ok and fallback.tolist() == expect_fallback
+    report(f"vocab/{name}", ok, f"fallback={fallback.tolist()}")
+
+
+def tree_case(name, logits, budget):
+    tree = build_tree(logits, budget, backend="triton")
+    lp = log_softmax_f32(logits, (tree.row_max, tree.row_logsum))
+    ok, detail = True, ""
+    for b in range(logits.shape[0]):
+        ref = heap_tree(lp[b].numpy(), budget)
+        n = len(ref)
+        got = (tree.tokens[b, :n].tolist(), tree.parents[b, 1 : n + 1].tolist(), tree.scores[b, :n].tolist())
+        want = ([r.token for r in ref], [r.parent for r in ref], [r.score for r in ref])
+        if got != want or int(tree.num_nodes[b]) != n + 1:
+            ok, detail = False, f"row {b}: got {got} want {want}"
+    ids = torch.arange(logits.shape[-1]).expand_as(lp)
+    torch_tree = build_tree_from_topk(lp, ids, budget, backend="torch")
+    for field in FIELDS:
+        if not torch.equal(getattr(tree, field), getattr(torch_tree, field)):
+            ok, detail = False, f"field {field} differs from the torch backend"
+    report(f"tree/{name}", ok, detail)
+
+
+def main():
+    gen = torch.Generator().manual_seed(0)
+    vocab_case("random", torch.randn((3, 1000), generator=gen), 8, [0, 0, 0])
+    vocab_case("bf16-ties", (torch.randn((3, 1000), generator=gen) * 3).to(torch.bfloat16), 16, [0, 0, 0])
+    vocab_case("fp16", torch.randn((2, 700), generator=gen).to(torch.float16), 5)
+    vocab_case("int-ties", torch.randint(0, 3, (2, 700), generator=gen).float(), 8)
+    vocab_case("uniform", torch.zeros((2, 300)), 5)
+    masked = torch.randn((2, 500), generator=gen)
+    masked[0, 100:] = float("-inf")
+    vocab_case("masked", masked, 4)
+    vocab_case("k-equals-v", torch.randn((2, 50), generator=gen), 50)
+    merge = torch.full((1, 2000), -30.0)
+    merge[0, 0] = 60.0
+    merge[0, 1000] = 1.0
+    merge[0, 600] = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))  # same log-prob as 1.0, lower id
+    vocab_case("rounding-merge-fallback", merge, 2, [1])
+
+    tree_case("random", torch.randn((2, 4, 40), generator=gen) * 3, 8)
+    tree_case("ties", torch.randint(0, 2, (2, 3, 5), generator=gen).float(), 12)
+    tree_case("uniform-unfillable", torch.zeros((1, 2, 2)), 8)
+    zeros = torch.full((2, 3, 6), -1e30)
+    zeros[..., 0] = 0.0
+    tree_case("exact-zero", zeros, 6)
+    tree_case("one-token-chain", torch.zeros((1, 4, 1)), 3)
+    tree_case("bf16", (torch.randn((1, 3, 30), generator=gen) * 2).to(torch.bfloat16), 7)
+    lp = torch.log_softmax(torch.randint(0, 3, (2, 3, 9), generator=gen).float(), -1)
+    lp[0, 0, 2] = -0.0
+    ids = torch.arange(9).expand(2, 3, 9)
+    a = build_tree_from_topk(lp, ids, 6, backend="triton")
+    b = build_tree_from_topk(lp, ids, 6, backend="torch")
+    report("from-topk", all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
