@@ -16,6 +16,8 @@ returned) descending, ties by token id ascending; exactly as ``exact_topk`` on t
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -84,6 +86,7 @@ def _vocab_select(
     pm_ptr,
     ps_ptr,
     scratch_ptr,
+    SCR,
     out_val_ptr,
     out_id_ptr,
     out_m_ptr,
@@ -93,6 +96,7 @@ def _vocab_select(
     TP: tl.constexpr,
     PP: tl.constexpr,
     KP: tl.constexpr,
+    CAP: tl.constexpr,
 ):
     row = tl.program_id(0)
     row64 = row.to(tl.int64)
@@ -116,13 +120,13 @@ def _vocab_select(
     tm = tl.load(tmax_ptr + row64 * T + t, mask=t < T, other=neg_inf)
     tkey = tl.where(t < T, (_ord32(tm + 0.0).to(tl.int64) << 32) | (2147483647 - t).to(tl.int64), key_min)
     tkey = tl.sort(tkey, descending=True)
-    tl.store(scratch_ptr + row64 * TP + t, tkey)
+    tl.store(scratch_ptr + row64 * SCR + t, tkey)
     tl.debug_barrier()
     kt = tl.minimum(K, T)
     j = tl.arange(0, KP)
-    sel_keys = tl.load(scratch_ptr + row64 * TP + j, mask=j < kt, other=key_min)
+    sel_keys = tl.load(scratch_ptr + row64 * SCR + j, mask=j < kt, other=key_min)
     tile_ids = 2147483647 - (sel_keys & 0xFFFFFFFF)
-    next_key = tl.load(scratch_ptr + row64 * TP + kt, mask=kt < T, other=key_min)
+    next_key = tl.load(scratch_ptr + row64 * SCR + kt, mask=kt < T, other=key_min)
     m_next = tl.where(kt < T, _unpack_lp(next_key), neg_inf)  # M': best unselected tile max
 
     offs = tile_ids[:, None] * TILE + tl.arange(0, TILE)[None, :]
@@ -131,12 +135,33 @@ def _vocab_select(
     lp = (x - m) - ls
     keys = tl.where(valid, _pack(lp, offs), key_min)
 
-    best = tl.max(tl.max(keys, axis=1), axis=0)
-    for i in range(K):
+    # When K tiles were selected, only elements with lp >= lp(tau), tau = the smallest selected tile max, can be
+    # in the top K (the K tile maxima already reach it); with fewer tiles than K every element is a candidate.
+    # Usually few: compact them and sort; otherwise extract K times from the block.
+    tau_key = tl.load(scratch_ptr + row64 * SCR + kt - 1)
+    lp_tau = tl.where(kt < K, neg_inf, (_unpack_lp(tau_key) - m) - ls)
+    cand = valid & (lp >= lp_tau)
+    count = tl.sum(tl.sum(cand.to(tl.int32), axis=1), axis=0)
+    if count <= CAP:
+        flat_cand = tl.reshape(cand, (KP * TILE,))
+        flat_keys = tl.reshape(keys, (KP * TILE,))
+        pos = tl.cumsum(flat_cand.to(tl.int32), axis=0) - 1
+        comp_row = scratch_ptr + row64 * SCR + TP  # a second region of the row's scratch
+        tl.store(comp_row + pos, flat_keys, mask=flat_cand)
+        tl.debug_barrier()
+        c = tl.arange(0, CAP)
+        ck = tl.load(comp_row + c, mask=c < count, other=key_min)
+        ck = tl.sort(ck, descending=True)
+        tl.store(out_val_ptr + row64 * K + c, _unpack_lp(ck), mask=c < K)
+        tl.store(out_id_ptr + row64 * K + c, (2147483647 - (ck & 0xFFFFFFFF)).to(tl.int64), mask=c < K)
+        best = tl.min(tl.where(c < K, ck, 9223372036854775807), axis=0)
+    else:
         best = tl.max(tl.max(keys, axis=1), axis=0)
-        tl.store(out_val_ptr + row64 * K + i, _unpack_lp(best))
-        tl.store(out_id_ptr + row64 * K + i, (2147483647 - (best & 0xFFFFFFFF)).to(tl.int64))
-        keys = tl.where(keys == best, key_min, keys)
+        for i in range(K):
+            best = tl.max(tl.max(keys, axis=1), axis=0)
+            tl.store(out_val_ptr + row64 * K + i, _unpack_lp(best))
+            tl.store(out_id_ptr + row64 * K + i, (2147483647 - (best & 0xFFFFFFFF)).to(tl.int64))
+            keys = tl.where(keys == best, key_min, keys)
 
     # certificate (see module docstring)
     lp_star = _unpack_lp(best)
@@ -148,9 +173,9 @@ def _vocab_select(
     prev_bits = tl.where(bits < 0, bits + STEP, bits - STEP)
     x_prev = prev_bits.to(tl.float32, bitcast=True)
     c2 = (m_next <= x_star) & ((x_star == neg_inf) | (((x_prev - m) - ls) < lp_star))
-    ok = c1 | c2
-    tl.store(out_fallback_ptr + row, (~ok).to(tl.int32))
-    if not ok:
+    need_rescan = ~(c1 | c2)
+    tl.store(out_fallback_ptr + row, need_rescan.to(tl.int32))
+    if need_rescan:
         # exact rescan of the whole row: K passes, each taking the best key below the previous one
         prev = best * 0 + 9223372036854775807
         for i in range(K):
@@ -173,12 +198,18 @@ def _next_pow2(n: int) -> int:
 _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 
 
-def topk_logprobs(logits: torch.Tensor, k: int, elements: int = 8192):
+def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
+
+    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 8192) is the number of logits one program handles
+    (TILE * tiles per program in the scan, TILE * K in the selection); a tuning knob, not a semantic one.
+    Logits must be finite or -inf.
 
     Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
     fallback int32 [R] (1 where the exact rescan ran)).
     """
+    if elements is None:
+        elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "8192"))
     if logits.dim() != 2:
         raise ValueError(f"logits must be [R, V], got {tuple(logits.shape)}")
     if logits.dtype not in _STEP:
@@ -198,7 +229,8 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int = 8192):
     pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
     ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
     tp = _next_pow2(tiles)
-    scratch = torch.empty((rows, tp + 1), dtype=torch.int64, device=device)
+    cap = max(64, 4 * kp)
+    scratch = torch.empty((rows, tp + cap), dtype=torch.int64, device=device)
     values = torch.empty((rows, k), dtype=torch.float32, device=device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=device)
     row_max = torch.empty((rows,), dtype=torch.float32, device=device)
@@ -217,6 +249,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int = 8192):
         pm,
         ps,
         scratch,
+        scratch.stride(0),
         values,
         ids,
         row_max,
@@ -226,6 +259,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int = 8192):
         TP=tp,
         PP=_next_pow2(groups),
         KP=kp,
+        CAP=cap,
         num_warps=8,
     )
     return values, ids, row_max, row_logsum, fallback
