@@ -6,9 +6,10 @@ For each (B, N, V) with D = 15 it times, per decoding step:
   ``torch`` backend (plain torch ops) and the ``triton`` backend (fused kernels; CUDA only);
 * ``<backend>_graph``: the same captured once in a CUDA graph and replayed (CUDA only);
 * ``<backend>_tree_only_graph``: ``build_tree_from_topk`` + walk from precomputed top-k (the tree stage alone);
-* ``heap``: the reference algorithm: log-softmax + top-k on the device, device-to-host copy of the top-k and of
-  the target tokens, then a Python best-first heap and a child-map walk per request (as the public DDTree
-  implementation and its vLLM port do).
+* ``heap_per_request``: the reference algorithm as the public DDTree implementation runs it: per request,
+  log-softmax + top-k on the device, device-to-host copy, a Python best-first heap and a child-map walk;
+* ``heap``: the same with one batched top-k and one device-to-host copy for the whole batch (the vLLM port's
+  improvement), then the per-request heaps and walks.
 
 Medians over ``--iters`` timed iterations after warm-up (CUDA events on GPU). Prints a markdown table and writes
 JSON to ``--out``. ``--small`` runs a CPU-sized smoke configuration.
@@ -68,6 +69,17 @@ def heap_walk(child_maps, target):
         cur = child_maps[cur][target[cur]]
         path.append(cur)
     return path, target[cur]
+
+
+def heap_step_per_request(logits, target, budget):
+    """The public reference: every request does its own device top-k and device-to-host copies."""
+    k = min(budget, logits.shape[-1])
+    out = []
+    for b in range(logits.shape[0]):
+        vals, idx = torch.topk(torch.log_softmax(logits[b].float(), -1), k, dim=-1)
+        _, _, maps = heap_build(vals.cpu().tolist(), idx.cpu().tolist(), budget)
+        out.append(heap_walk(maps, target[b].cpu().tolist()))
+    return out
 
 
 def heap_step(logits, target, budget, normalizer=None):
@@ -163,10 +175,13 @@ def bench_one(bsz, budget, vocab, args, device):
         else:
             row[f"{backend}_eager_ms"] = time_host(ours, args.iters)
     sync = torch.cuda.synchronize if cuda else None
-    row["heap_ms"] = time_host(lambda: heap_step(logits, target, budget), max(3, args.iters // 5), sync=sync)
+    heap_iters = max(3, args.iters // 5)
+    row["heap_per_request_ms"] = time_host(lambda: heap_step_per_request(logits, target, budget), heap_iters, sync=sync)
+    row["heap_ms"] = time_host(lambda: heap_step(logits, target, budget), heap_iters, sync=sync)
     best = min(v for k, v in row.items() if k.endswith(("_graph_ms", "_eager_ms")) and "tree_only" not in k)
     row["best_ms"] = best
-    row["speedup"] = row["heap_ms"] / best
+    row["speedup"] = row["heap_per_request_ms"] / best
+    row["speedup_vs_batched_heap"] = row["heap_ms"] / best
     # sanity: the batched walk agrees with the heap walk (both accept the same path length)
     _, acc_len, bonus = greedy_walk(tree, target)
     ref = heap_step(logits, target, budget, normalizer=(tree.row_max, tree.row_logsum))
@@ -178,7 +193,7 @@ def markdown(rows, device_name):
     cols = ["B", "N", "V"]
     for backend in ("torch", "triton"):
         cols += [f"{backend}_eager_ms", f"{backend}_graph_ms", f"{backend}_tree_only_graph_ms"]
-    cols += ["heap_ms", "speedup", "walks_agree"]
+    cols += ["best_ms", "heap_per_request_ms", "heap_ms", "speedup", "speedup_vs_batched_heap", "walks_agree"]
     cols = [c for c in cols if any(c in r for r in rows)]
     lines = [f"DDTree build_tree + greedy_walk, D = {DEPTH}, device: {device_name} (median ms per step)", ""]
     lines.append("| " + " | ".join(cols) + " |")
@@ -187,9 +202,10 @@ def markdown(rows, device_name):
         cells = []
         for c in cols:
             v = r.get(c, "")
-            cells.append(
-                f"{v:.4f}" if isinstance(v, float) and c != "speedup" else (f"{v:.1f}x" if c == "speedup" else str(v))
-            )
+            if c.startswith("speedup"):
+                cells.append(f"{v:.1f}x")
+            else:
+                cells.append(f"{v:.4f}" if isinstance(v, float) else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -240,7 +256,8 @@ def main(argv=None) -> int:
         g = goal[0]
         best = g.get("graph_ms", g["eager_ms"])
         print(
-            f"\ngoal B=64 N=16 V=151936: {best:.4f} ms (target < 0.2 ms), {g['speedup']:.1f}x vs heap (target >= 20x)"
+            f"\ngoal B=64 N=16 V=151936: {best:.4f} ms (target < 0.2 ms), {g['speedup']:.1f}x vs the per-request "
+            f"heap, {g['speedup_vs_batched_heap']:.1f}x vs the batched-copy heap (target >= 20x)"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -213,3 +213,27 @@ def test_heap_reference_has_power():
     lp = np.log(np.full((2, 3), 1 / 3, dtype=np.float32))
     nodes = heap_tree(lp, 5)
     assert [n.ranks for n in nodes] == [(0,), (1,), (2,), (0, 0), (0, 1)]
+
+
+def test_auto_backend_falls_back_to_torch_loudly(monkeypatch):
+    """If the Triton kernels cannot run ("auto" mode), the torch backend builds the same tree, with a warning;
+    an explicit backend="triton" raises instead."""
+    pytest.importorskip("triton")
+    from sglang_ddtree import tree as tree_mod
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where the Triton kernels cannot launch (CPU tensors)")
+    monkeypatch.setattr(tree_mod, "_TRITON_FAILURE", [])
+
+    def resolve(backend, device):  # pretend the device is a GPU
+        return ("torch", False) if backend == "torch" else ("triton", backend is None)
+
+    monkeypatch.setattr(tree_mod, "_resolve", resolve)
+    logits = make_logits("random", 2, 4, 30, seed=0)
+    with pytest.warns(RuntimeWarning, match="using the torch backend"):
+        got = build_tree(logits, 8)
+    want = build_tree(logits, 8, backend="torch")
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
+    assert tree_mod._TRITON_FAILURE
+    with pytest.raises(Exception):  # noqa: B017 - whatever Triton raises for CPU tensors
+        build_tree(logits, 8, backend="triton")

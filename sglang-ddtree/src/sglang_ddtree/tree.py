@@ -180,16 +180,40 @@ def _check_budget(budget: int) -> int:
     return budget
 
 
+_TRITON_FAILURE: list[str] = []  # set once if the Triton kernels fail to compile or launch in "auto" mode
+
+
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """ "torch" or "triton": explicit, else $SGLANG_DDTREE_BACKEND, else "auto" (Triton on CUDA if importable)."""
+    """Return "torch" or "triton" for ``backend`` (explicit, else $SGLANG_DDTREE_BACKEND, else "auto").
+
+    "auto" means Triton on CUDA when triton is importable and its kernels have not failed in this process.
+    """
+    return _resolve(backend, device)[0]
+
+
+def _resolve(backend: str | None, device: torch.device) -> tuple[str, bool]:
     choice = backend or os.environ.get("SGLANG_DDTREE_BACKEND", "auto")
     if choice not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend={choice!r} is invalid: use 'auto', 'torch' or 'triton'")
+        raise ValueError(f"backend={choice!r} is invalid: use 'auto', 'torch' or 'triton' (SGLANG_DDTREE_BACKEND)")
     if choice == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        use = device.type == "cuda" and _triton_available() and not _TRITON_FAILURE
+        return ("triton" if use else "torch"), True
     if choice == "triton" and not _triton_available():
         raise ValueError("backend='triton' needs the triton package; install it or use backend='torch'")
-    return choice
+    return choice, False
+
+
+def _triton_failed(exc: Exception) -> None:
+    """In "auto" mode a Triton failure (e.g. an unsupported Triton version) falls back to torch, loudly."""
+    import warnings
+
+    _TRITON_FAILURE.append(f"{type(exc).__name__}: {exc}")
+    warnings.warn(
+        f"sglang_ddtree: the Triton tree kernels failed ({_TRITON_FAILURE[0][:500]}); using the torch backend "
+        "(same trees, slower). Set SGLANG_DDTREE_BACKEND=triton to make this an error.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _triton_available() -> bool:
@@ -223,18 +247,24 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
     budget = _check_budget(budget)
     bsz, depth, vocab = draft_logits.shape
     k = min(budget, int(vocab))
-    if resolve_backend(backend, draft_logits.device) == "triton":
-        from ._triton_tree import build_sorted
-        from ._triton_vocab import topk_logprobs
+    chosen, auto = _resolve(backend, draft_logits.device)
+    if chosen == "triton":
+        try:
+            from ._triton_tree import build_sorted
+            from ._triton_vocab import topk_logprobs
 
-        values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k)
-        fields = build_sorted(values.view(bsz, depth, k), indices.view(bsz, depth, k), budget)
-        return DraftTree(
-            **fields,
-            max_depth=depth,
-            row_max=row_max.view(bsz, depth),
-            row_logsum=row_logsum.view(bsz, depth),
-        )
+            values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k)
+            fields = build_sorted(values.view(bsz, depth, k), indices.view(bsz, depth, k), budget)
+            return DraftTree(
+                **fields,
+                max_depth=depth,
+                row_max=row_max.view(bsz, depth),
+                row_logsum=row_logsum.view(bsz, depth),
+            )
+        except Exception as exc:
+            if not auto or _is_capturing():
+                raise
+            _triton_failed(exc)
     row_max, row_logsum = row_normalizer(draft_logits)
     values, indices = exact_topk(log_softmax_f32(draft_logits, (row_max, row_logsum)), k)
     tree = _build_sorted(values, indices, budget)
@@ -270,11 +300,21 @@ def build_tree_from_topk(
     _, order = torch.topk(keys, k, dim=-1, largest=True, sorted=True)
     values = torch.gather(logprobs, -1, order)
     tokens = torch.gather(topk_tokens.to(torch.int64), -1, order)
-    if resolve_backend(backend, logprobs.device) == "triton":
-        from ._triton_tree import build_sorted
+    chosen, auto = _resolve(backend, logprobs.device)
+    if chosen == "triton":
+        try:
+            from ._triton_tree import build_sorted
 
-        return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]))
+            return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]))
+        except Exception as exc:
+            if not auto or _is_capturing():
+                raise
+            _triton_failed(exc)
     return _build_sorted(values, tokens, budget)
+
+
+def _is_capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:
