@@ -65,9 +65,21 @@ class DDTreeWorker(DFlashWorkerV2):
     """DFLASH drafter, DDTree tree, tree verification. See the module docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        server_args = kwargs.get("server_args", args[0] if args else None)
+        block_size = current_block_size() or int(getattr(server_args, "speculative_dflash_block_size", 0) or 0)
+        # SGLang 0.5.17's DFLASH __init__ takes server_args.speculative_num_draft_tokens as the drafter block size
+        # and sizes its draft buffers with it: show it the drafter's block size while it runs, then restore N+1.
+        num_nodes_arg = getattr(server_args, "speculative_num_draft_tokens", None)
+        swap = server_args is not None and block_size > 0 and num_nodes_arg is not None
+        if swap:
+            server_args.speculative_num_draft_tokens = block_size
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            if swap:
+                server_args.speculative_num_draft_tokens = num_nodes_arg
         num_nodes = int(self._spec_value("speculative_num_draft_tokens"))
-        block_size = current_block_size() or int(self._spec_value("speculative_dflash_block_size"))
+        block_size = block_size or int(self._spec_value("speculative_dflash_block_size"))
         self.ddtree_num_nodes = num_nodes  # N + 1 verify tokens per request
         self.ddtree_budget = num_nodes - 1
         for attr in ("selector", "lilicorr"):
@@ -90,7 +102,10 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_set_block_size(self, block_size: int) -> None:
         """DFLASH's __init__ took speculative_num_draft_tokens (N+1) as the block size; put the drafter's back."""
-        from sglang.srt.speculative.dflash_utils import build_block_pos_offsets, make_draft_block_spec_info
+        try:  # 0.5.23
+            from sglang.srt.speculative.dflash_utils import build_block_pos_offsets, make_draft_block_spec_info
+        except ImportError:  # 0.5.17
+            from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 
         self.block_size = int(block_size)
         self.speculative_num_draft_tokens = int(block_size)
