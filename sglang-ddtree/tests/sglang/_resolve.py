@@ -18,6 +18,7 @@ FIELDS = (
 
 def resolve(argv: list[str]) -> dict:
     from sglang.srt.server_args import prepare_server_args
+
     from sglang_ddtree.sglang.versions import resolved_field
 
     server_args = prepare_server_args(argv)  # 0.5.17 resolves here (__post_init__)

@@ -17,8 +17,9 @@ def test_entry_point_is_declared_in_sglang_plugin_group():
 
 
 def test_load_plugins_registers_ddtree(plugins_loaded):
-    import sglang_ddtree.sglang as plugin
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    import sglang_ddtree.sglang as plugin
     from sglang_ddtree.sglang.spec_algo import DDTreeSpecAlgo
 
     assert plugin.last_status in ("registered", "already-registered")
@@ -68,6 +69,7 @@ def test_hooks_are_applied_and_act_for_ddtree_only(plugins_loaded):
     from types import SimpleNamespace
 
     from sglang.srt.speculative import spec_utils
+
     from sglang_ddtree.sglang.hooks import spec_need_hidden_states_hook
 
     assert hasattr(spec_utils.spec_need_hidden_states, "__wrapped__")  # HookRegistry wrapped it
@@ -99,6 +101,7 @@ def _dummy_args(spec_algorithm, mask, width):
 def test_create_dummy_verify_input_hook_passes_dflash_through(plugins_loaded):
     import torch
     from sglang.srt.speculative import spec_info
+
     from sglang_ddtree.sglang.hooks import create_dummy_verify_input_hook
 
     assert hasattr(spec_info.create_dummy_verify_input, "__wrapped__")  # HookRegistry wrapped it
@@ -117,6 +120,7 @@ def test_create_dummy_verify_input_for_ddtree_carries_mask_and_tree_topk(plugins
     import torch
     from sglang.srt.speculative import spec_info
     from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
+
     from sglang_ddtree.sglang.server_args import TREE_TOPK
     from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
 
@@ -129,8 +133,9 @@ def test_create_dummy_verify_input_for_ddtree_carries_mask_and_tree_topk(plugins
 
 
 def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, caplog):
-    import sglang_ddtree.sglang as plugin
     from sglang.srt.speculative import spec_registry
+
+    import sglang_ddtree.sglang as plugin
 
     monkeypatch.setattr(spec_registry, "_REGISTRY", {})
     monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.5.12")
@@ -144,9 +149,10 @@ def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, ca
 
 
 def test_register_never_raises(monkeypatch, caplog):
-    import sglang_ddtree.sglang as plugin
     from sglang.srt.speculative import spec_registry
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    import sglang_ddtree.sglang as plugin
 
     def boom(*args, **kwargs):
         raise RuntimeError("registry exploded")

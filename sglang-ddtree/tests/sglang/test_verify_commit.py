@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang_ddtree.sglang.commit import (
     compact_to_front,
     kv_commit_moves,
@@ -71,6 +72,7 @@ def test_custom_mask_layout_is_full_mask_per_request():
 def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins_loaded):
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.speculative.spec_info import SpecInputType
+
     from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
 
     tree, _ = _trees()

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from sglang_ddtree.tree import build_tree
 from sglang_ddtree.verify import greedy_walk
 
@@ -21,6 +22,7 @@ def test_worker_class_resolves_through_sglang(model_dirs):
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
     from sglang_ddtree.sglang.worker import DDTreeWorker
 
     server_args = prepare_server_args(base_argv(model_dirs, "DDTREE"))
