@@ -10,7 +10,8 @@ The models come from ``sglang_ddtree.reference.tiny.make_tiny_models`` (sglang-d
 the controller's venv), the same maker its reference engine is tested with, so the lab server's DDTree engine
 loads exactly what it expects. ``aligned=True`` gives a drafter that usually agrees with the target at depth 1,
 so acceptance lengths above 1 show up in the lab. Deterministic (fixed seed); OUT_DIR/.lab-models-stamp
-records the settings, and a re-run with the same settings does nothing.
+records the settings, and a re-run with the same settings does nothing. OUT_DIR/models.tar holds both
+directories and the stamp, for lab/provision.yml to ship in one transfer.
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ import argparse
 import json
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 TARGET = "Qwen3-tiny"
 DRAFTER = "Qwen3-tiny-DFlash"
 STAMP = ".lab-models-stamp"
+ARCHIVE = "models.tar"  # both model directories and the stamp: one transfer to a host instead of one per file
 # Block size 16 like the production drafter (z-lab "b16"); float32 on disk because the lab serves on CPU.
 SETTINGS = {"seed": 0, "aligned": True, "block_size": 16, "dtype": "float32"}
+
+
+def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mode = 0o755 if info.isdir() else 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out_dir
     stamp_text = json.dumps({"maker": "sglang_ddtree.reference.tiny.make_tiny_models", **SETTINGS}, sort_keys=True)
     stamp = out / STAMP
-    if (stamp.is_file() and stamp.read_text().strip() == stamp_text
+    if (stamp.is_file() and stamp.read_text().strip() == stamp_text and (out / ARCHIVE).is_file()
             and (out / TARGET / "config.json").is_file() and (out / DRAFTER / "config.json").is_file()):
         print(f"tiny models up to date in {out}")
         return 0
@@ -53,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(produced).rename(out / name)
     shutil.rmtree(work, ignore_errors=True)
     stamp.write_text(stamp_text + "\n")
+    with tarfile.open(out / ".work.tar", "w") as tar:
+        for name in (TARGET, DRAFTER, STAMP):
+            tar.add(out / name, arcname=name, filter=_readable)
+    (out / ".work.tar").rename(out / ARCHIVE)
     print(f"tiny models written to {out / TARGET} and {out / DRAFTER} "
           f"(vocab {models.vocab_size}, block size {models.block_size}, target layers {models.target_layer_ids})")
     return 0

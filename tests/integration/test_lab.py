@@ -310,18 +310,27 @@ def test_server_rejects_bad_requests_with_the_reason(host_servers, body: dict, n
     assert needle in json.loads(raw)["message"]
 
 
-def test_server_unknown_algorithm_exits_with_sglang_error(tiny_models: Path) -> None:
-    proc, _url = start_server(tiny_models, "--speculative-algorithm", "NOSUCHALGO")
-    out = exit_output(proc)
-    assert proc.returncode != 0
+@pytest.fixture(scope="module")
+def failed_starts(tiny_models: Path) -> dict[str, tuple[int, str]]:
+    """Servers that must refuse to start, started together (each start is mostly SGLang's import time)."""
+    procs = {
+        "algorithm": start_server(tiny_models, "--speculative-algorithm", "NOSUCHALGO")[0],
+        "flag": start_server(tiny_models, "--no-such-flag", "1")[0],
+    }
+    outputs = {name: exit_output(proc) for name, proc in procs.items()}
+    return {name: (procs[name].returncode, outputs[name]) for name in procs}
+
+
+def test_server_unknown_algorithm_exits_with_sglang_error(failed_starts) -> None:
+    returncode, out = failed_starts["algorithm"]
+    assert returncode != 0
     assert "Unknown speculative algorithm name: NOSUCHALGO" in out
     assert "sglang/srt/speculative/spec_info.py" in out  # raised by SGLang's registry, not by the stand-in
 
 
-def test_server_unknown_flag_is_rejected_by_sglang_parser(tiny_models: Path) -> None:
-    proc, _url = start_server(tiny_models, "--no-such-flag", "1")
-    out = exit_output(proc)
-    assert proc.returncode == 2
+def test_server_unknown_flag_is_rejected_by_sglang_parser(failed_starts) -> None:
+    returncode, out = failed_starts["flag"]
+    assert returncode == 2
     assert "unrecognized arguments: --no-such-flag" in out
 
 
