@@ -20,7 +20,7 @@ SAMPLES = 40_000
 def setup_tree(seed: int, device):
     gen = torch.Generator().manual_seed(seed)
     draft_logits = torch.randn((1, 3, VOCAB), generator=gen) * 2
-    tree1 = build_tree(draft_logits, 7)
+    tree1 = build_tree(draft_logits, 7, backend="torch")  # the same tree on every device (checked below)
     # target distributions at every node; some zero entries so "impossible" outcomes exist
     torch.manual_seed(seed)
     probs = torch.distributions.Dirichlet(torch.full((VOCAB,), 4.0)).sample((1, 8))
@@ -51,7 +51,7 @@ def exact_distribution(tree, probs) -> dict[tuple[int, ...], float]:
 
 
 def library_samples(draft_logits, probs, seed, device):
-    one = build_tree(draft_logits, 7)
+    one = build_tree(draft_logits, 7, backend="torch")
     tree = replace(
         one,
         **{

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["D", "K", "N"])
 def _tree_kernel(
     val_ptr,  # f32 [B, D, K]
     tok_ptr,  # i64 [B, D, K]
@@ -222,8 +222,12 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int):
     values = values.contiguous().float()
     tokens = tokens.contiguous().to(torch.int64)
     device = values.device
-    wp, kp = _next_pow2(budget), _next_pow2(k)
-    up, nb = _next_pow2(depth * wp), _next_pow2(budget + 1)
+    # Bucketed sizes keep the number of compiled variants small: one per power of two of the budget (and of
+    # the depth beyond 16); masks handle the rest.
+    wp = _next_pow2(budget)
+    kp = wp  # k <= budget
+    up = max(16, _next_pow2(depth)) * wp
+    nb = 2 * wp
     n1 = budget + 1
     s_score = torch.empty((bsz, depth, wp), dtype=torch.float64, device=device)
     s_int = torch.empty((bsz, 6, depth, wp), dtype=torch.int32, device=device)

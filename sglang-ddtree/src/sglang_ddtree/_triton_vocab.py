@@ -45,7 +45,8 @@ def _unpack_lp(key):
     return bits.to(tl.float32, bitcast=True)
 
 
-@triton.jit
+# Few compiled variants: sizes are bucketed below and plain integer arguments are not specialised.
+@triton.jit(do_not_specialize=["V", "T", "P"])
 def _vocab_scan(
     x_ptr,
     stride_row,
@@ -73,7 +74,7 @@ def _vocab_scan(
     tl.store(ps_ptr + row * P + grp, s)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["V", "T", "P", "K", "STEP", "SCR"])
 def _vocab_select(
     x_ptr,
     stride_row,
@@ -222,13 +223,13 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     kp = _next_pow2(k)
     tile = max(64, min(1024, elements // kp))
     tiles = -(-vocab // tile)
-    tpp = max(1, min(_next_pow2(tiles), elements // tile))
+    tpp = max(1, elements // tile)
     groups = -(-tiles // tpp)
     device = logits.device
     tmax = torch.empty((rows, tiles), dtype=torch.float32, device=device)
     pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
     ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
-    tp = _next_pow2(tiles)
+    tp = max(256, _next_pow2(tiles))
     cap = max(64, 4 * kp)
     scratch = torch.empty((rows, tp + cap), dtype=torch.int64, device=device)
     values = torch.empty((rows, k), dtype=torch.float32, device=device)
@@ -257,7 +258,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
         fallback,
         TILE=tile,
         TP=tp,
-        PP=_next_pow2(groups),
+        PP=max(16, _next_pow2(groups)),
         KP=kp,
         CAP=cap,
         num_warps=8,
