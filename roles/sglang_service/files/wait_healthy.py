@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Wait on the host until an SGLang server answers /health 200, or fail fast when its systemd unit dies.
+
+Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S]
+
+Polls URL every INTERVAL_S (default 0.25) seconds and, between polls, the unit's systemd state. Stops early with
+a reason when the unit is failed, exited, or systemd restarted it (NRestarts grew: the server crashed at start),
+instead of waiting for the timeout. Timestamps are taken on the host with CLOCK_MONOTONIC, the clock systemd's
+``*TimestampMonotonic`` properties use, so ``downtime_s`` (the old server's SIGTERM, ``ActiveExitTimestamp``, to
+the first 200) has no controller/host clock skew in it.
+
+Prints one JSON object: healthy, status, reason, elapsed_s, polls, downtime_s, stop_s, start_to_healthy_s,
+state (systemd properties), journal (the unit's last lines when not healthy). Exit 0 either way; the caller
+decides. Read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PROPS = (
+    "ActiveState",
+    "SubState",
+    "Result",
+    "MainPID",
+    "NRestarts",
+    "ActiveExitTimestampMonotonic",
+    "InactiveEnterTimestampMonotonic",
+    "ExecMainStartTimestampMonotonic",
+)
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["systemctl", "show", unit, *[f"--property={p}" for p in PROPS]],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=15,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def health(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # the loopback URL from the plan
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(exc.reason)
+    except (urllib.error.URLError, OSError) as exc:
+        return -1, str(getattr(exc, "reason", exc))
+
+
+def seconds(state: dict[str, str], key: str) -> float | None:
+    value = state.get(key, "0")
+    return int(value) / 1e6 if value.isdigit() and int(value) > 0 else None
+
+
+def dead_reason(state: dict[str, str], baseline_restarts: int) -> str:
+    active, sub = state.get("ActiveState", ""), state.get("SubState", "")
+    restarts = int(state.get("NRestarts", "0") or 0)
+    if active == "failed":
+        return f"the unit failed (Result={state.get('Result', '?')})"
+    if restarts > baseline_restarts or sub == "auto-restart":
+        return f"the server exited and systemd restarted it ({restarts} automatic restarts): it crashes at start"
+    if active in ("inactive", "deactivating"):
+        return f"the unit is {active} (Result={state.get('Result', '?')}): the server exited"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    url, unit, timeout = argv[1], argv[2], float(argv[3])
+    interval = float(argv[4]) if len(argv) > 4 else 0.25
+    start = time.monotonic()
+    baseline = unit_state(unit)
+    baseline_restarts = int(baseline.get("NRestarts", "0") or 0)
+    polls, status, reason, detail = 0, -1, "", ""
+    state = baseline
+    while True:
+        polls += 1
+        status, detail = health(url, timeout=min(5.0, max(interval * 4, 1.0)))
+        now = time.monotonic()
+        if status == 200:
+            break
+        state = unit_state(unit)
+        reason = dead_reason(state, baseline_restarts)
+        if reason:
+            break
+        if now - start > timeout:
+            reason = f"no 200 from {url} within {timeout:g} s (last: {status} {detail})".strip()
+            break
+        time.sleep(interval)
+    healthy_at = time.monotonic()
+    if status == 200:
+        state = unit_state(unit)
+    stop_began, old_gone, new_started = (
+        seconds(state, "ActiveExitTimestampMonotonic"),
+        seconds(state, "InactiveEnterTimestampMonotonic"),
+        seconds(state, "ExecMainStartTimestampMonotonic"),
+    )
+    result = {
+        "healthy": status == 200,
+        "status": status,
+        "reason": "" if status == 200 else reason,
+        "elapsed_s": round(healthy_at - start, 3),
+        "polls": polls,
+        "downtime_s": round(healthy_at - stop_began, 3) if status == 200 and stop_began else None,
+        "stop_s": round(old_gone - stop_began, 3) if stop_began and old_gone and old_gone >= stop_began else None,
+        "start_to_healthy_s": round(healthy_at - new_started, 3) if status == 200 and new_started else None,
+        "state": state,
+        "journal": [],
+    }
+    if status != 200:
+        result["journal"] = subprocess.run(
+            ["journalctl", "-u", unit, "-n", "25", "--no-pager", "-o", "cat"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=15,
+        ).stdout.splitlines()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
