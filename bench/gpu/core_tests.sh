@@ -5,7 +5,7 @@
 # numpy, tqdm), NO network, and does not need sglang. pytest is used from the image if importable, else
 # installed offline from .device/wheels/ (carry pytest, pluggy, iniconfig and packaging wheels there).
 #
-#   bash bench/gpu/core_tests.sh            # from the repository root; results under $OUT (default ./out-core)
+#   bash bench/gpu/core_tests.sh            # from the repository root; results under $OUT (default /tmp/sglang-ddtree-core)
 #   DEVICE=cpu BENCH_ARGS="--small --device cpu" bash bench/gpu/core_tests.sh   # smoke run without a GPU
 #   STAGE=tests bash bench/gpu/core_tests.sh ; STAGE=bench bash bench/gpu/core_tests.sh   # as two device calls
 #
@@ -14,7 +14,7 @@
 # while the machine stays warm), the full benchmark grid a few minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/out-core}
+OUT=${OUT:-/tmp/sglang-ddtree-core}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
