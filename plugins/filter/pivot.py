@@ -30,7 +30,7 @@ def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
 
     Continuation lines (a trailing backslash) are joined with a single space, as systemd does. Comment lines
     inside a section are kept (so re-rendering is faithful); comments and blank lines before the first section
-    are dropped (that is where the ``ansible_managed`` header lives, so re-rendering is idempotent).
+    are left out (``systemd_unit_header`` returns them).
     """
     if not isinstance(text, str):
         raise AnsibleFilterError(
@@ -73,6 +73,26 @@ def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
         key, _, value = joined.partition("=")
         sections[-1]["entries"].append({"key": key.strip(), "value": value.strip()})
     return sections
+
+
+def systemd_unit_header(text: str) -> list[str]:
+    """The comment lines before a unit file's first section (blank lines dropped), e.g. the operator's notes.
+
+    ``systemd_unit_parse`` leaves them out; the unit template writes them back after its ``ansible_managed``
+    block (and strips that block when the file was already rendered once), so notes survive the re-template.
+    """
+    if not isinstance(text, str):
+        raise AnsibleFilterError(
+            f"systemd_unit_header expects the unit file's text (a string), got {type(text).__name__}"
+        )
+    header: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("[") and line.endswith("]"):
+            break
+        if line[:1] in ("#", ";"):
+            header.append(line)
+    return header
 
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}\-]+$")
@@ -239,6 +259,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "systemd_unit_parse": systemd_unit_parse,
+            "systemd_unit_header": systemd_unit_header,
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
             "sglang_flag": sglang_flag,

@@ -178,9 +178,17 @@ def test_dflash_check_block_size_inside_dflash_config():
     assert f.dflash_drafter_check(drafter, load("qwen3-8b"))["drafter"]["block_size"] == 16
 
 
+def test_unit_header_keeps_leading_comments_only():
+    assert f.systemd_unit_header(UNIT) == ["# hand-written header, dropped", "#"]
+    assert f.systemd_unit_header("[Unit]\n# inside\n") == []
+    with pytest.raises(AnsibleFilterError, match="expects the unit file's text"):
+        f.systemd_unit_header(None)
+
+
 def test_filters_are_registered():
     assert set(f.FilterModule().filters()) == {
         "systemd_unit_parse",
+        "systemd_unit_header",
         "systemd_exec_lines",
         "dflash_drafter_check",
         "sglang_flag",
