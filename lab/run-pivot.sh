@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . lab/lab.env
+lab_lock
 bash lab/setup-docker.sh
 bash lab/up.sh
 if [ ! -f playbooks/pivot.yml ]; then

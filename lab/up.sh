@@ -21,6 +21,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+lab_lock
 log() { printf '[lab/up] %s\n' "$*"; }
 start=$(date +%s)
 

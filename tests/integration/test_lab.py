@@ -14,6 +14,7 @@ Run: ``.venv/bin/python -m pytest -q tests/integration/test_lab.py`` (about 2-3 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -336,7 +337,7 @@ def test_server_unknown_flag_is_rejected_by_sglang_parser(failed_starts) -> None
 
 # ------------------------------------------------------------------------------------------------ the lab
 @pytest.fixture(scope="module")
-def lab() -> dict[str, str]:
+def lab() -> Iterator[dict[str, str]]:
     if shutil.which("docker") is None:
         lab_unavailable("no docker client on PATH (lab/setup-docker.sh installs docker.io)")
     if docker("info", check=False, timeout=30).returncode != 0:
@@ -345,8 +346,16 @@ def lab() -> dict[str, str]:
         lab_unavailable(f"the lab image {IMAGE} is missing (lab/setup-docker.sh builds it)")
     if not (REPO / ".venv" / "bin" / "ansible-playbook").exists():
         lab_unavailable(".venv/bin/ansible-playbook is missing (make setup-python)")
-    up()
-    return {"url": f"http://127.0.0.1:{PORT}"}
+    # The lab is shared: hold its lock (the one lab/up.sh and lab/run-pivot.sh take) while these tests change it.
+    with open(os.environ.get("SPECDEC_LAB_LOCK", "/tmp/specdec-lab.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.environ["SPECDEC_LAB_LOCKED"] = "1"
+        try:
+            up()
+            yield {"url": f"http://127.0.0.1:{PORT}"}
+        finally:
+            os.environ.pop("SPECDEC_LAB_LOCKED", None)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def test_containers_run_systemd_as_pid1(lab) -> None:
