@@ -10,13 +10,15 @@ The models come from ``sglang_ddtree.reference.tiny.make_tiny_models`` (sglang-d
 the controller's venv), the same maker its reference engine is tested with, so the lab server's DDTree engine
 loads exactly what it expects. ``aligned=True`` gives a drafter that usually agrees with the target at depth 1,
 so acceptance lengths above 1 show up in the lab. Deterministic (fixed seed); OUT_DIR/.lab-models-stamp
-records the settings, and a re-run with the same settings does nothing. OUT_DIR/models.tar holds both
-directories and the stamp, for lab/provision.yml to ship in one transfer.
+records the settings and the maker's source hash, and a re-run with the same ones does nothing.
+OUT_DIR/models.tar holds both directories and the stamp, for lab/provision.yml to ship in one transfer.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -38,12 +40,22 @@ def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+def maker_hash() -> str | None:
+    """sha256 of sglang_ddtree/reference/tiny.py (found without importing torch): a changed maker remakes the models."""
+    spec = importlib.util.find_spec("sglang_ddtree")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "reference" / "tiny.py"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     args = parser.parse_args(argv)
     out: Path = args.out_dir
-    stamp_text = json.dumps({"maker": "sglang_ddtree.reference.tiny.make_tiny_models", **SETTINGS}, sort_keys=True)
+    stamp_text = json.dumps({"maker": "sglang_ddtree.reference.tiny.make_tiny_models", "maker_sha256": maker_hash(),
+                             **SETTINGS}, sort_keys=True)
     stamp = out / STAMP
     if (stamp.is_file() and stamp.read_text().strip() == stamp_text and (out / ARCHIVE).is_file()
             and (out / TARGET / "config.json").is_file() and (out / DRAFTER / "config.json").is_file()):
