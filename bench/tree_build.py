@@ -160,10 +160,10 @@ def bench_one(bsz, budget, vocab, args, device):
             continue
 
         def ours(backend=backend):
-            greedy_walk(build_tree(logits, budget, backend=backend), target)
+            greedy_walk(build_tree(logits, budget, backend=backend), target, backend=backend)
 
         def tree_only(backend=backend):
-            greedy_walk(build_tree_from_topk(top_vals, top_idx, budget, backend=backend), target)
+            greedy_walk(build_tree_from_topk(top_vals, top_idx, budget, backend=backend), target, backend=backend)
 
         if cuda:
             row[f"{backend}_eager_ms"] = time_cuda(ours, args.iters)

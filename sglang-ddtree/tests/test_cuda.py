@@ -24,15 +24,22 @@ def test_no_host_sync(device, backend):
     lp = torch.log_softmax(logits.float(), -1)
     top = torch.topk(lp, 16, dim=-1)
     # warm-up: compile any kernels first (compilation is not part of a decoding step)
-    greedy_walk(build_tree(logits, 16, backend=backend), target)
-    sampling_walk(build_tree(logits[..., :64], 16, backend=backend), probs, torch.rand((8, 17), device=device))
+    greedy_walk(build_tree(logits, 16, backend=backend), target, backend=backend)
+    sampling_walk(
+        build_tree(logits[..., :64], 16, backend=backend), probs, torch.rand((8, 17), device=device), backend=backend
+    )
     build_tree_from_topk(top.values, top.indices, 16, backend=backend)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         tree = build_tree(logits, 16, backend=backend)
-        greedy_walk(tree, target)
-        sampling_walk(build_tree(logits[..., :64], 16, backend=backend), probs, torch.rand((8, 17), device=device))
+        greedy_walk(tree, target, backend=backend)
+        sampling_walk(
+            build_tree(logits[..., :64], 16, backend=backend),
+            probs,
+            torch.rand((8, 17), device=device),
+            backend=backend,
+        )
         build_tree_from_topk(top.values, top.indices, 16, backend=backend)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -48,12 +55,12 @@ def test_cuda_graph_capture_and_replay(budget, device, backend):
     with torch.cuda.stream(stream):
         for _ in range(2):  # warm-up outside the graph
             tree = build_tree(static_logits, budget, backend=backend)
-            greedy_walk(tree, static_target)
+            greedy_walk(tree, static_target, backend=backend)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         g_tree = build_tree(static_logits, budget, backend=backend)
-        g_index, g_len, g_bonus = greedy_walk(g_tree, static_target)
+        g_index, g_len, g_bonus = greedy_walk(g_tree, static_target, backend=backend)
     for seed in range(3):
         new_logits, new_target = _inputs(device, seed=100 + seed, nodes=budget + 1)
         # make the target follow the best draft at depth 1 so the walk accepts something
@@ -63,7 +70,7 @@ def test_cuda_graph_capture_and_replay(budget, device, backend):
         static_target.copy_(new_target)
         graph.replay()
         torch.cuda.synchronize()
-        e_index, e_len, e_bonus = greedy_walk(eager, new_target)
+        e_index, e_len, e_bonus = greedy_walk(eager, new_target, backend=backend)
         for name in ("tokens", "parents", "depths", "ancestors", "first_child", "next_sibling", "num_nodes"):
             assert torch.equal(getattr(g_tree, name), getattr(eager, name)), name
         assert torch.equal(g_index, e_index) and torch.equal(g_len, e_len) and torch.equal(g_bonus, e_bonus)

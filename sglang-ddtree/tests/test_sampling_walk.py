@@ -50,7 +50,7 @@ def exact_distribution(tree, probs) -> dict[tuple[int, ...], float]:
     return out
 
 
-def library_samples(draft_logits, probs, seed, device):
+def library_samples(draft_logits, probs, seed, device, backend):
     one = build_tree(draft_logits, 7, backend="torch")
     tree = replace(
         one,
@@ -62,7 +62,9 @@ def library_samples(draft_logits, probs, seed, device):
     )
     gen = torch.Generator().manual_seed(seed)
     uniforms = torch.rand((SAMPLES, 8), generator=gen, dtype=torch.float64).to(device)
-    accept_index, accept_len, bonus = sampling_walk(tree, probs.to(device).expand(SAMPLES, -1, -1), uniforms)
+    accept_index, accept_len, bonus = sampling_walk(
+        tree, probs.to(device).expand(SAMPLES, -1, -1), uniforms, backend=backend
+    )
     tokens = tree.tokens.cpu()
     counts: Counter = Counter()
     for idx, n, y in zip(accept_index.cpu().tolist(), accept_len.cpu().tolist(), bonus.cpu().tolist(), strict=True):
@@ -102,11 +104,11 @@ def sequential_samples(tree, probs, seed, renormalise: bool, residual_bonus: boo
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sampling_walk_matches_target_distribution(seed, device):
+def test_sampling_walk_matches_target_distribution(seed, device, backend):
     draft_logits, tree, probs = setup_tree(seed, device)
     expected = exact_distribution(tree, probs)
     assert sum(expected.values()) == pytest.approx(1.0)
-    counts = library_samples(draft_logits, probs, seed + 100, device)
+    counts = library_samples(draft_logits, probs, seed + 100, device, backend)
     assert chi2_test(counts, expected) > 1e-3
     # the distribution has mass beyond depth 1, so deep acceptance is exercised
     assert any(len(k) >= 3 for k in counts)
@@ -125,7 +127,7 @@ def test_chi_square_check_has_power(seed):
     assert chi2_test(full_bonus, expected) < 1e-6
 
 
-def test_point_mass_sampling_equals_greedy(device):
+def test_point_mass_sampling_equals_greedy(device, backend):
     gen = torch.Generator().manual_seed(4)
     tree = build_tree(torch.randn((3, 4, 6), generator=gen).to(device), 10)
     target = torch.randint(0, 6, (3, 11), generator=gen)
@@ -133,8 +135,8 @@ def test_point_mass_sampling_equals_greedy(device):
     target[:, 0] = tree.tokens[:, 0].cpu()
     probs = torch.nn.functional.one_hot(target, 6).to(torch.float64).to(device)
     uniforms = torch.rand((3, 11), generator=gen, dtype=torch.float64).to(device)
-    got = sampling_walk(tree, probs, uniforms)
-    want = greedy_walk(tree, target.to(device))
+    got = sampling_walk(tree, probs, uniforms, backend=backend)
+    want = greedy_walk(tree, target.to(device), backend="torch")
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
 

@@ -194,7 +194,7 @@ def test_greedy_walk_is_longest_matching_path(shape, follow, device, backend):
     lengths = []
     for _ in range(3):
         target = random_targets(tree, vocab, gen, follow)
-        accept_index, accept_len, bonus = greedy_walk(tree, target.to(device))
+        accept_index, accept_len, bonus = greedy_walk(tree, target.to(device), backend=backend)
         assert accept_index.shape == (bsz, depth + 1)
         for b in range(bsz):
             path, bonus_ref = naive_walk(tree_cpu_tokens[b].tolist(), tree.parents[b].tolist(), target[b].tolist())
@@ -211,7 +211,7 @@ def test_greedy_walk_full_depth_chain(device, backend):
     logits = torch.zeros((2, 5, 1), device=device)
     tree = build_tree(logits, 5, backend=backend)
     target = torch.zeros((2, 6), dtype=torch.long, device=device)
-    accept_index, accept_len, bonus = greedy_walk(tree, target)
+    accept_index, accept_len, bonus = greedy_walk(tree, target, backend=backend)
     assert accept_len.tolist() == [5, 5]
     assert accept_index.tolist() == [[0, 1, 2, 3, 4, 5]] * 2
     assert bonus.tolist() == [0, 0]
@@ -220,4 +220,4 @@ def test_greedy_walk_full_depth_chain(device, backend):
 def test_greedy_walk_rejects_bad_shape(device, backend):
     tree = build_tree(torch.zeros((1, 2, 3), device=device), 4, backend=backend)
     with pytest.raises(ValueError, match=r"target_tokens must have shape \[B, N\+1\]"):
-        greedy_walk(tree, torch.zeros((1, 4), dtype=torch.long, device=device))
+        greedy_walk(tree, torch.zeros((1, 4), dtype=torch.long, device=device), backend=backend)

@@ -55,6 +55,9 @@ CASES = [
     "tree/one-token-chain",
     "tree/bf16",
     "from-topk",
+    "walk/random",
+    "walk/unfillable",
+    "walk/chain",
 ]
 
 

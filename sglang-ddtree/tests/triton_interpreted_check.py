@@ -16,6 +16,7 @@ from ddtree_testlib import heap_tree  # noqa: E402
 
 from sglang_ddtree._triton_vocab import topk_logprobs  # noqa: E402
 from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32  # noqa: E402
+from sglang_ddtree.verify import greedy_walk  # noqa: E402
 
 torch.set_num_threads(1)
 FIELDS = ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores", "ranks")
@@ -86,6 +87,27 @@ def main():
     a = build_tree_from_topk(lp, ids, 6, backend="triton")
     b = build_tree_from_topk(lp, ids, 6, backend="torch")
     report("from-topk", all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS))
+
+    for name, logits, budget in [
+        ("random", torch.randn((3, 5, 12), generator=gen), 14),
+        ("unfillable", torch.zeros((2, 2, 2)), 9),
+        ("chain", torch.zeros((2, 4, 1)), 4),
+    ]:
+        tree = build_tree(logits, budget, backend="torch")
+        ok = True
+        for trial in range(4):
+            target = torch.randint(0, logits.shape[-1], (logits.shape[0], budget + 1), generator=gen)
+            for b in range(logits.shape[0]):  # follow an existing path to the deepest node, then stop
+                node = int(tree.num_nodes[b]) - 1 - trial
+                while node > 0:
+                    parent = int(tree.parents[b, node])
+                    target[b, parent] = tree.tokens[b, node - 1]
+                    node = parent
+            got = greedy_walk(tree, target, backend="triton")
+            want = greedy_walk(tree, target, backend="torch")
+            ok = ok and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+            ok = ok and int(want[1].max()) >= 1
+        report(f"walk/{name}", ok)
 
 
 if __name__ == "__main__":

@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import torch
 
-from .tree import DraftTree
+from .tree import DraftTree, _is_capturing, _resolve, _triton_failed
 
 __all__ = ["greedy_walk", "sample_tokens", "sampling_walk"]
 
 
-def greedy_walk(tree: DraftTree, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def greedy_walk(
+    tree: DraftTree, target_tokens: torch.Tensor, *, backend: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Follow the target's tokens down the tree.
 
     Args:
         tree: the verified trees.
         target_tokens: int [B, N+1]; target_tokens[b, i] is the target's token at node i (e.g. argmax of the
             target logits at node i for greedy decoding). Columns of padding nodes are ignored.
+        backend: "torch", "triton" (one small kernel) or None/"auto", as for ``build_tree``.
 
     Returns:
         (accept_index [B, D+1], accept_len [B], bonus [B]), see the module docstring.
@@ -37,6 +40,21 @@ def greedy_walk(tree: DraftTree, target_tokens: torch.Tensor) -> tuple[torch.Ten
     if target_tokens.shape != (bsz, nodes):
         raise ValueError(f"target_tokens must have shape [B, N+1] = {(bsz, nodes)}, got {tuple(target_tokens.shape)}")
     target_tokens = target_tokens.to(torch.int64)
+    chosen, auto = _resolve(backend, target_tokens.device)
+    if chosen == "triton":
+        try:
+            from ._triton_walk import greedy_walk as triton_walk
+
+            return triton_walk(tree.parents, tree.tokens, target_tokens, tree.max_depth)
+        except Exception as exc:
+            if not auto or _is_capturing():
+                raise
+            _triton_failed(exc)
+    return _greedy_walk_torch(tree, target_tokens)
+
+
+def _greedy_walk_torch(tree: DraftTree, target_tokens: torch.Tensor):
+    bsz, nodes = tree.parents.shape
     device = target_tokens.device
     depth_limit = tree.max_depth
     parents = tree.parents
@@ -84,7 +102,7 @@ def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def sampling_walk(
-    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor
+    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor, *, backend: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exactly lossless tree verification for temperature > 0.
 
@@ -102,6 +120,7 @@ def sampling_walk(
             processing (rows need not be normalised; padding-node rows are ignored but must have a positive
             sum).
         uniforms: [B, N+1] independent uniforms in [0, 1).
+        backend: of the walk, as for :func:`greedy_walk`.
 
     Returns:
         (accept_index [B, D+1], accept_len [B], bonus [B]).
@@ -114,4 +133,4 @@ def sampling_walk(
     if uniforms.shape != (bsz, nodes):
         raise ValueError(f"uniforms must have shape [B, N+1] = {(bsz, nodes)}, got {tuple(uniforms.shape)}")
     sampled = sample_tokens(target_probs, uniforms)
-    return greedy_walk(tree, sampled)
+    return greedy_walk(tree, sampled, backend=backend)

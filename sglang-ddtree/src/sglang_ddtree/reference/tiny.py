@@ -230,14 +230,16 @@ def make_tiny_models(
 
 
 def _quiet_save(model, path: Path) -> None:
-    """save_pretrained without progress bars."""
-    try:
-        from transformers.utils import logging as hf_logging
+    """save_pretrained without progress bars (restores the previous setting)."""
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - older transformers
-        pass
-    model.save_pretrained(path, safe_serialization=True)
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _drafter_config(config, layers, block_size, layer_ids, num_target_layers, dtype, intermediate) -> dict:
