@@ -17,12 +17,14 @@ decides. Read-only.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+ERROR_RE = re.compile(r"error|exception|traceback|failed|exited|killed|refused", re.IGNORECASE)
 PROPS = (
     "ActiveState",
     "SubState",
@@ -66,8 +68,10 @@ def dead_reason(state: dict[str, str], baseline_restarts: int) -> str:
     restarts = int(state.get("NRestarts", "0") or 0)
     if active == "failed":
         return f"the unit failed (Result={state.get('Result', '?')})"
-    if restarts > baseline_restarts or sub == "auto-restart":
-        return f"the server exited and systemd restarted it ({restarts} automatic restarts): it crashes at start"
+    if restarts > baseline_restarts:
+        return f"the server exited and systemd restarted it ({restarts - baseline_restarts} times): it crashes at start"
+    if sub == "auto-restart":
+        return f"the server exited (Result={state.get('Result', '?')}) and systemd is about to restart it"
     if active in ("inactive", "deactivating"):
         return f"the unit is {active} (Result={state.get('Result', '?')}): the server exited"
     return ""
@@ -116,13 +120,16 @@ def main(argv: list[str]) -> int:
         "journal": [],
     }
     if status != 200:
-        result["journal"] = subprocess.run(
+        lines = subprocess.run(
             ["journalctl", "-u", unit, "-n", "25", "--no-pager", "-o", "cat"],
             capture_output=True,
             text=True,
             check=False,
             timeout=15,
         ).stdout.splitlines()
+        result["journal"] = lines
+        # The lines worth a failure message: errors first (argparse, tracebacks, systemd's exit status).
+        result["journal_errors"] = [ln for ln in lines if ERROR_RE.search(ln)][-6:] or lines[-6:]
     print(json.dumps(result))
     return 0
 
