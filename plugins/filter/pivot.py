@@ -70,7 +70,7 @@ def systemd_unit_parse(text: str) -> list[dict[str, Any]]:
             )
         if not sections:
             raise AnsibleFilterError(f"systemd_unit_parse: {joined!r} appears before any [Section] header")
-        key, _, value = joined.partition("=")
+        key, value = joined.split("=", 1)
         sections[-1]["entries"].append({"key": key.strip(), "value": value.strip()})
     return sections
 

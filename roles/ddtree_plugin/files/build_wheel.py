@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build the sglang-ddtree wheel on the controller, reproducibly, without touching the source tree.
 
 Usage: build_wheel.py SOURCE_DIR OUT_DIR      (build)

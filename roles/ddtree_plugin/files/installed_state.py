@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Is this wheel's content installed in this interpreter? Run with SGLang's own interpreter on the host.
 
 Usage: installed_state.py DIST_NAME WHEEL_PATH

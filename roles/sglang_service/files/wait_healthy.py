@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Wait on the host until an SGLang server answers /health 200, or fail fast when its systemd unit dies.
 
 Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S]
