@@ -242,3 +242,20 @@ def test_vocab_sharded_topk_gives_the_same_tree_as_full_logits(world):
     full_tree = build_tree(logits, budget)
     assert torch.equal(sharded_tree.tokens, full_tree.tokens)
     assert torch.equal(sharded_tree.parents, full_tree.parents)
+
+
+def test_compaction_when_the_tree_is_smaller_than_the_drafter_block():
+    """Budget 4 with block size 8 (seen failing on the H200): accept_index is block-wide, the tree has 5 nodes."""
+    bsz, block_size, budget = 2, 8, 4
+    gen = torch.Generator().manual_seed(11)
+    tree = build_tree(torch.randn(bsz, block_size - 1, 50, generator=gen), budget)
+    m = tree.parents.shape[1]
+    assert m == budget + 1 < block_size
+    target = _target_following(tree, gen, follow_prob=1.0)
+    accept_index, accept_len, _ = greedy_walk(tree, target)
+    assert accept_index.shape[1] == block_size
+    hidden = torch.arange(bsz * m, dtype=torch.float)[:, None].repeat(1, 3)
+    out = compact_to_front(hidden, accept_index, m).view(bsz, m, 3)
+    for b in range(bsz):
+        for k in range(int(accept_len[b]) + 1):
+            assert out[b, k, 0] == b * m + accept_index[b, k]

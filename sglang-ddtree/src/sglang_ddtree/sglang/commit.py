@@ -59,9 +59,13 @@ def compact_to_front(values: torch.Tensor, accept_index: torch.Tensor, num_nodes
     """Gather each request's accepted path to the front of its ``num_nodes`` rows.
 
     ``values`` is node-major [B*num_nodes, ...]; rows past the path keep their old contents (they are never
-    read as committed). Returns a new tensor.
+    read as committed). ``accept_index`` may be wider than ``num_nodes`` (its width is the block size; a
+    tree of budget N < block size - 1 has paths of at most N + 1 nodes, the rest is -1 padding). Returns a new
+    tensor.
     """
-    bsz, width = accept_index.shape
+    width = min(accept_index.shape[1], num_nodes)
+    accept_index = accept_index[:, :width]
+    bsz = accept_index.shape[0]
     device = values.device
     base = torch.arange(bsz, device=device, dtype=torch.int64).view(bsz, 1) * num_nodes
     src = (base + accept_index.to(torch.int64).clamp(min=0)).reshape(-1)

@@ -71,13 +71,14 @@ class DDTreeWorker(DFlashWorkerV2):
         # and sizes its draft buffers with it: show it the drafter's block size while it runs, then restore N+1.
         num_nodes_arg = getattr(server_args, "speculative_num_draft_tokens", None)
         swap = server_args is not None and block_size > 0 and num_nodes_arg is not None
+        # ServerArgs is read-only once resolved (0.5.17 guards __setattr__); the swap is undone right after.
         if swap:
-            server_args.speculative_num_draft_tokens = block_size
+            object.__setattr__(server_args, "speculative_num_draft_tokens", block_size)
         try:
             super().__init__(*args, **kwargs)
         finally:
             if swap:
-                server_args.speculative_num_draft_tokens = num_nodes_arg
+                object.__setattr__(server_args, "speculative_num_draft_tokens", num_nodes_arg)
         num_nodes = int(self._spec_value("speculative_num_draft_tokens"))
         block_size = block_size or int(self._spec_value("speculative_dflash_block_size"))
         self.ddtree_num_nodes = num_nodes  # N + 1 verify tokens per request
@@ -326,6 +327,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # Drafter context: the accepted nodes' target hidden states, at positions prefix..prefix+accept_len.
         hidden = compact_to_front(logits_output.hidden_states, accept_index, m).view(bs, m, -1)
+        if m < block_size:  # budget + 1 < block size: the drafter block still takes block_size rows
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, block_size - m))
         hidden = hidden[:, :block_size].reshape(bs * block_size, -1)
         block_loc = block_loc_2d.reshape(-1)
         if translator is not None and hasattr(self, "_draft_write_ids"):
