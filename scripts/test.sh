@@ -6,28 +6,46 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 stage() { printf '\n===== %s =====\n' "$*"; }
+# Every pytest run leaves a JUnit file; the last line sums them up.
+junit=$(mktemp -d)
+n=0
+pyt() { n=$((n + 1)); "$@" --junitxml="$junit/$n.xml"; }
 
 stage "lint: ruff, yamllint"
 ruff check plugins tests sglang-ddtree lab bench
 yamllint -s .
 
 stage "collection unit tests (pytest)"
-python -m pytest -q tests
+pyt python -m pytest -q tests --ignore=tests/integration
 
 stage "sglang-ddtree tests against sglang $(python -c 'import importlib.metadata as m; print(m.version("sglang"))')"
-python -m pytest -q sglang-ddtree/tests
+pyt python -m pytest -q sglang-ddtree/tests
 for venv in .venv-sglang-*; do
   [ -x "$venv/bin/python" ] || continue
   stage "sglang-ddtree SGLang-glue tests against ${venv#.venv-}"
-  "$venv/bin/python" -m pytest -q sglang-ddtree/tests -m sglang
+  pyt "$venv/bin/python" -m pytest -q sglang-ddtree/tests -m sglang
 done
 
-stage "ansible-doc and collection build"
+stage "ansible-doc, collection build, ansible-test sanity"
 bash scripts/sanity.sh
+
+stage "lab integration tests (docker containers with systemd)"
+SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration
 
 for scenario in $(ls molecule 2>/dev/null); do
   [ -f "molecule/$scenario/molecule.yml" ] || continue
   stage "molecule test -s $scenario"
   molecule test -s "$scenario"
 done
-echo "all stages passed"
+python - "$junit" <<'PY'
+import pathlib, sys, xml.etree.ElementTree as ET
+total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for f in pathlib.Path(sys.argv[1]).glob("*.xml"):
+    for suite in ET.parse(f).getroot().iter("testsuite"):
+        for key in total:
+            total[key] += int(suite.get(key, 0))
+failed = total["failures"] + total["errors"]
+passed = total["tests"] - failed - total["skipped"]
+print(f"all stages passed; pytest runs: {len(list(pathlib.Path(sys.argv[1]).glob('*.xml')))}")
+print(f"tests: {passed} passed, {failed} failed, {total['skipped']} skipped")
+PY
