@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A REAL process tree shaped like a torchrun training job, for tests of specdec.pivot.training_process.
 
 Nothing here is simulated at the OS level: the launcher is a real parent process, the workers are real child

@@ -40,8 +40,15 @@ TRAINING, INFERENCE = "ct200", "pro6000"
 TRAIN_SCRIPT = "/opt/train/train_dflash_pipeline.py"
 CTL = ["python3", "/usr/local/lib/specdec-lab/lab_training_ctl.py", "--config", "/opt/train/.lab-launch.json"]
 STEP_RE = re.compile(r"^step (\d+) \| loss (\d+\.\d+) \| (\d+\.\d)K tok/s$")
-SEED_FLAGS = ["--speculative-algorithm NEXTN", "--speculative-num-steps 3", "--speculative-eagle-topk 1",
-              "--tp-size 2", "--mem-fraction-static 0.85", "--context-length 4096", "--port 30000"]
+SEED_FLAGS = [
+    "--speculative-algorithm NEXTN",
+    "--speculative-num-steps 3",
+    "--speculative-eagle-topk 1",
+    "--tp-size 2",
+    "--mem-fraction-static 0.85",
+    "--context-length 4096",
+    "--port 30000",
+]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -76,7 +83,7 @@ def free_port() -> int:
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -121,10 +128,12 @@ def wait_for(predicate, deadline_s: float, what: str, interval: float = 0.5):
 
 
 def up(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["bash", str(LAB / "up.sh"), *args], capture_output=True, text=True, timeout=900,
-                          cwd=REPO)
-    assert proc.returncode == 0, f"lab/up.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}" \
-                                 f"\n{proc.stderr[-2000:]}"
+    proc = subprocess.run(
+        ["bash", str(LAB / "up.sh"), *args], check=False, capture_output=True, text=True, timeout=900, cwd=REPO
+    )
+    assert proc.returncode == 0, (
+        f"lab/up.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    )
     return proc
 
 
@@ -138,15 +147,29 @@ def lab_unavailable(reason: str) -> None:
 def start_job(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     log, ckpt = tmp_path / "train.log", tmp_path / "checkpoints"
     fh = open(log, "ab")  # the job keeps writing to it after this function returns
-    proc = subprocess.Popen([sys.executable, str(LAB / "training" / "train_dflash_pipeline.py"),
-                             "--nproc-per-node", "2", "--checkpoint-dir", str(ckpt), "--step-interval", "0.05",
-                             "--checkpoint-every", "0", *extra], stdout=fh, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(LAB / "training" / "train_dflash_pipeline.py"),
+            "--nproc-per-node",
+            "2",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--step-interval",
+            "0.05",
+            "--checkpoint-every",
+            "0",
+            *extra,
+        ],
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+    )
     fh.close()
     return proc, log, ckpt
 
 
 def host_children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], check=False, capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
 
 
@@ -172,8 +195,11 @@ def job_cleanup() -> Iterator[list[subprocess.Popen]]:
 def test_training_job_checkpoints_on_sigterm_and_resumes(tmp_path: Path, job_cleanup) -> None:
     proc, log, ckpt = start_job(tmp_path)
     job_cleanup.append(proc)
-    workers = wait_for(lambda: host_children(proc.pid) if len(host_children(proc.pid)) == 2 else None, 20,
-                       "two workers under the launcher")
+    workers = wait_for(
+        lambda: host_children(proc.pid) if len(host_children(proc.pid)) == 2 else None,
+        20,
+        "two workers under the launcher",
+    )
     wait_for(lambda: len(host_steps(log)) >= 3, 30, "step lines in the log")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
@@ -184,7 +210,7 @@ def test_training_job_checkpoints_on_sigterm_and_resumes(tmp_path: Path, job_cle
     assert state["global_step"] == last and state["reason"] == "SIGTERM"
     assert "received SIGTERM" in log.read_text()
 
-    proc2, log, _ = start_job(tmp_path)
+    proc2, log, _unused = start_job(tmp_path)
     job_cleanup.append(proc2)
     wait_for(lambda: f"resumed from {ckpt / f'step-{last}'} at step {last}" in log.read_text(), 30, "resume line")
     wait_for(lambda: host_steps(log)[-1] > last, 30, "steps continue after the checkpoint")
@@ -193,10 +219,13 @@ def test_training_job_checkpoints_on_sigterm_and_resumes(tmp_path: Path, job_cle
 
 
 def test_training_job_worker_ignoring_sigterm_needs_sigkill(tmp_path: Path, job_cleanup) -> None:
-    proc, log, _ = start_job(tmp_path, "--ignore-sigterm-rank", "1", "--stop-timeout", "600")
+    proc, log, _unused = start_job(tmp_path, "--ignore-sigterm-rank", "1", "--stop-timeout", "600")
     job_cleanup.append(proc)
-    wait_for(lambda: "IGNORES SIGTERM" in log.read_text() and len(host_children(proc.pid)) == 2, 20,
-             "worker 1 announces it ignores SIGTERM")
+    wait_for(
+        lambda: "IGNORES SIGTERM" in log.read_text() and len(host_children(proc.pid)) == 2,
+        20,
+        "worker 1 announces it ignores SIGTERM",
+    )
     wait_for(lambda: len(host_steps(log)) >= 2, 30, "step lines")
     rank0, rank1 = sorted(host_children(proc.pid))
     for pid in (proc.pid, rank0, rank1):
@@ -213,17 +242,37 @@ def test_training_job_worker_ignoring_sigterm_needs_sigkill(tmp_path: Path, job_
 @pytest.fixture(scope="module")
 def tiny_models() -> Path:
     out = LAB / ".build" / "models"
-    proc = subprocess.run([sys.executable, str(LAB / "make_tiny_models.py"), str(out)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(LAB / "make_tiny_models.py"), str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
 
 def start_server(models: Path, *spec: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_lab_server", "--model-path", str(models / "Qwen3-tiny"), "--tp-size", "2",
-           "--mem-fraction-static", "0.85", "--context-length", "256", "--host", "127.0.0.1", "--port", str(port),
-           *spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_lab_server",
+        "--model-path",
+        str(models / "Qwen3-tiny"),
+        "--tp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.85",
+        "--context-length",
+        "256",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *spec,
+    ]
     env = dict(os.environ, PYTHONPATH=str(LAB))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, f"http://127.0.0.1:{port}"
@@ -232,10 +281,10 @@ def start_server(models: Path, *spec: str) -> tuple[subprocess.Popen, str]:
 def exit_output(proc: subprocess.Popen, timeout: float = 120) -> str:
     """Wait for a server that must exit by itself; its output."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
+        out, _err = proc.communicate()
         raise AssertionError(f"the server did not exit within {timeout} s:\n{out[-3000:]}") from None
     return out
 
@@ -243,18 +292,33 @@ def exit_output(proc: subprocess.Popen, timeout: float = 120) -> str:
 def stop_server(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    out, _err = proc.communicate(timeout=30)
     return out
 
 
 @pytest.fixture(scope="module")
 def host_servers(tiny_models: Path) -> Iterator[dict[str, str]]:
     """The stand-in twice on this host: NEXTN flags (target-only decoding) and DDTREE (reference engine)."""
-    nextn, nextn_url = start_server(tiny_models, "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
-                                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
-    ddtree, ddtree_url = start_server(tiny_models, "--speculative-algorithm", "DDTREE",
-                                      "--speculative-draft-model-path", str(tiny_models / "Qwen3-tiny-DFlash"),
-                                      "--speculative-num-draft-tokens", "9")
+    nextn, nextn_url = start_server(
+        tiny_models,
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+    )
+    ddtree, ddtree_url = start_server(
+        tiny_models,
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        str(tiny_models / "Qwen3-tiny-DFlash"),
+        "--speculative-num-draft-tokens",
+        "9",
+    )
     try:
         wait_http(nextn_url + "/health", 180, nextn)
         wait_http(ddtree_url + "/health", 180, ddtree)
@@ -265,8 +329,10 @@ def host_servers(tiny_models: Path) -> Iterator[dict[str, str]]:
 
 
 def test_server_greedy_generation_is_deterministic_and_sized(host_servers) -> None:
-    body = {"text": "the tree of the model", "sampling_params": {"max_new_tokens": 12, "temperature": 0,
-                                                                  "ignore_eos": True}}
+    body = {
+        "text": "the tree of the model",
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+    }
     status, raw = http(host_servers["NEXTN"] + "/generate", body)
     assert status == 200, raw
     first = json.loads(raw)
@@ -278,8 +344,10 @@ def test_server_greedy_generation_is_deterministic_and_sized(host_servers) -> No
 
 
 def test_server_ddtree_engine_is_lossless_and_reports_acceptance(host_servers) -> None:
-    body = {"input_ids": [10, 200, 31, 47, 5], "sampling_params": {"max_new_tokens": 24, "temperature": 0,
-                                                                    "ignore_eos": True}}
+    body = {
+        "input_ids": [10, 200, 31, 47, 5],
+        "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+    }
     plain = json.loads(http(host_servers["NEXTN"] + "/generate", body)[1])
     tree = json.loads(http(host_servers["DDTREE"] + "/generate", body)[1])
     assert tree["output_ids"] == plain["output_ids"], "greedy DDTree must equal target-only greedy decoding"
@@ -287,8 +355,9 @@ def test_server_ddtree_engine_is_lossless_and_reports_acceptance(host_servers) -
     assert meta["speculative_algorithm"] == "DDTREE"
     assert meta["spec_verify_ct"] == len(meta["spec_accept_lengths"]) >= 1
     assert all(n >= 1 for n in meta["spec_accept_lengths"])
-    assert meta["spec_accept_length"] == pytest.approx(sum(meta["spec_accept_lengths"]) / meta["spec_verify_ct"],
-                                                       abs=1e-3)
+    assert meta["spec_accept_length"] == pytest.approx(
+        sum(meta["spec_accept_lengths"]) / meta["spec_verify_ct"], abs=1e-3
+    )
     info = json.loads(http(host_servers["DDTREE"] + "/get_server_info")[1])
     assert info["speculative_algorithm"] == "DDTREE" and info["lab_stand_in"] is True
     assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
@@ -386,21 +455,24 @@ def test_training_tree_runs_and_logs_steps(lab) -> None:
 def test_sglang_service_active_with_the_seed_flags(lab) -> None:
     assert in_container(INFERENCE, "systemctl", "is-active", "sglang.service").stdout.strip() == "active"
     unit = in_container(INFERENCE, "cat", "/etc/systemd/system/sglang.service").stdout
-    exec_lines = unit[unit.index("ExecStart="):].split("\nRestart=")[0].splitlines()
+    exec_lines = unit[unit.index("ExecStart=") :].split("\nRestart=")[0].splitlines()
     assert exec_lines[0] == "ExecStart=/opt/sglang/venv/bin/python -m sglang_lab_server \\"
     assert len(exec_lines) > len(SEED_FLAGS)  # one flag per line
     for flag in SEED_FLAGS:
         assert any(line.strip().rstrip(" \\") == flag for line in exec_lines), flag
-    plugin = in_container(INFERENCE, "/opt/sglang/venv/bin/python", "-m", "pip", "show", "sglang-ddtree",
-                          check=False)
+    plugin = in_container(INFERENCE, "/opt/sglang/venv/bin/python", "-m", "pip", "show", "sglang-ddtree", check=False)
     assert plugin.returncode != 0, "the initial state has no sglang-ddtree plugin"
 
 
 def test_health_and_generation_from_the_host(lab) -> None:
     assert http(lab["url"] + "/health")[0] == 200
-    status, raw = http(lab["url"] + "/generate", {"text": "The capital of France is",
-                                                  "sampling_params": {"max_new_tokens": 8, "temperature": 0,
-                                                                      "ignore_eos": True}})
+    status, raw = http(
+        lab["url"] + "/generate",
+        {
+            "text": "The capital of France is",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert status == 200, raw
     out = json.loads(raw)
     assert len(out["output_ids"]) == 8 == out["meta_info"]["completion_tokens"]
@@ -417,9 +489,22 @@ def test_server_info_says_nextn(lab) -> None:
 
 
 def test_ddtree_without_plugin_exits_with_sglang_error(lab) -> None:
-    proc = in_container(INFERENCE, "/opt/sglang/venv/bin/python", "-m", "sglang_lab_server",
-                        "--model-path", "/models/Qwen3-tiny", "--port", "30099", "--speculative-algorithm", "DDTREE",
-                        "--speculative-draft-model-path", "/models/Qwen3-tiny-DFlash", check=False, timeout=120)
+    proc = in_container(
+        INFERENCE,
+        "/opt/sglang/venv/bin/python",
+        "-m",
+        "sglang_lab_server",
+        "--model-path",
+        "/models/Qwen3-tiny",
+        "--port",
+        "30099",
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        "/models/Qwen3-tiny-DFlash",
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Unknown speculative algorithm name: DDTREE" in proc.stdout + proc.stderr
 
@@ -438,8 +523,11 @@ def test_supervisor_mode_restarts_the_job(lab) -> None:
     main_pid = in_container(TRAINING, "systemctl", "show", "-p", "MainPID", "--value", "dflash-train.service")
     assert int(main_pid.stdout) == launcher
     in_container(TRAINING, "kill", "-KILL", str(launcher), *map(str, workers))
-    new = wait_for(lambda: (t := _tree_or_none()) and t[0] != launcher and len(t[1]) == 2 and t, 30,
-                   "Restart=always starts a new launcher")
+    new = wait_for(
+        lambda: (t := _tree_or_none()) and t[0] != launcher and len(t[1]) == 2 and t,
+        30,
+        "Restart=always starts a new launcher",
+    )
     assert new[0] != launcher
 
 
@@ -455,8 +543,13 @@ def test_up_resets_the_lab_to_its_initial_state(lab) -> None:
     in_container(TRAINING, "systemctl", "disable", "--now", "dflash-train.service", check=False)
     in_container(TRAINING, *CTL, "stop")
     assert not [r for r in processes(TRAINING) if TRAIN_SCRIPT in r[2]]
-    in_container(INFERENCE, "sed", "-i", "s/--speculative-algorithm NEXTN/--speculative-algorithm DDTREE/",
-                 "/etc/systemd/system/sglang.service")
+    in_container(
+        INFERENCE,
+        "sed",
+        "-i",
+        "s/--speculative-algorithm NEXTN/--speculative-algorithm DDTREE/",
+        "/etc/systemd/system/sglang.service",
+    )
     in_container(INFERENCE, "systemctl", "daemon-reload")
     in_container(INFERENCE, "systemctl", "restart", "sglang.service")
     wait_for(lambda: not _serving(lab["url"]), 30, "the DDTREE unit without the plugin does not serve")
@@ -464,8 +557,10 @@ def test_up_resets_the_lab_to_its_initial_state(lab) -> None:
     up()
     _launcher, workers = training_tree()
     assert len(workers) == 2
-    assert in_container(TRAINING, "test", "!", "-e", "/etc/systemd/system/dflash-train.service",
-                        check=False).returncode == 0
+    assert (
+        in_container(TRAINING, "test", "!", "-e", "/etc/systemd/system/dflash-train.service", check=False).returncode
+        == 0
+    )
     assert json.loads(http(lab["url"] + "/get_server_info")[1])["speculative_algorithm"] == "NEXTN"
     assert http(lab["url"] + "/health")[0] == 200
 

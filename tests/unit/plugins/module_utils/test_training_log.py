@@ -178,7 +178,7 @@ LOG_CASES = [
 )
 def test_fixture_logs(name, regexes, step, throughput, loss, loss_text, line_part):
     lines = tl.read_tail(str(FIXTURES / name), lines=50)
-    kwargs = {k: v for k, v in regexes.items()}
+    kwargs = dict(regexes)
     parsed = tl.parse_training_log(lines, **kwargs)
     assert parsed["last_step"] == step
     assert parsed["throughput_tok_s"] == (pytest.approx(throughput) if throughput is not None else None)

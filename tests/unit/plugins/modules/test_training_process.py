@@ -55,6 +55,7 @@ def run_module(args: dict, check: bool = False, diff: bool = False, env: dict | 
     payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": diff}}
     proc = subprocess.run(
         [sys.executable, "-m", MODULE],
+        check=False,
         input=json.dumps(payload),
         capture_output=True,
         text=True,
@@ -387,7 +388,12 @@ def test_never_matches_its_own_process_or_ancestors(fake_run, tmp_path):
         "sys.stdout.write(out.stdout)\n"
     )
     wrapper = subprocess.run(
-        [sys.executable, "-c", wrapper_code, run.token], capture_output=True, text=True, env=module_env(), timeout=120
+        [sys.executable, "-c", wrapper_code, run.token],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=module_env(),
+        timeout=120,
     )
     assert wrapper.returncode == 0, wrapper.stderr  # the wrapper was not signalled
     result = json.loads(wrapper.stdout)
@@ -432,7 +438,13 @@ def test_unprivileged_module_refuses_before_signalling_anything(fake_run):
     )
     payload = json.dumps({"ANSIBLE_MODULE_ARGS": {"pattern": run.token, "state": "absent"}})
     proc = subprocess.run(
-        [sys.executable, "-c", dropper], input=payload, capture_output=True, text=True, env=module_env(), timeout=120
+        [sys.executable, "-c", dropper],
+        check=False,
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=module_env(),
+        timeout=120,
     )
     result = json.loads(proc.stdout)
     assert result["failed"] is True, result
@@ -573,7 +585,7 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[m[:40] for _, m in BAD_INPUT])
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[case[1][:40] for case in BAD_INPUT])
 def test_bad_input_names_the_option_value_and_fix(args, message, capsys):
     result = run_inprocess(args, capsys)
     assert result["failed"] is True
