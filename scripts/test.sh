@@ -12,7 +12,7 @@ n=0
 pyt() { n=$((n + 1)); "$@" --junitxml="$junit/$n.xml"; }
 
 stage "lint: ruff, yamllint"
-ruff check plugins tests sglang-ddtree lab bench
+ruff check plugins tests sglang-ddtree lab bench roles
 yamllint -s .
 
 stage "collection unit tests (pytest)"
