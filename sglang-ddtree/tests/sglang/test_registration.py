@@ -180,3 +180,21 @@ def test_installed_sglang_is_supported():
     from sglang_ddtree.sglang.versions import installed_sglang_version, unsupported_reason
 
     assert unsupported_reason(installed_sglang_version()) is None
+
+
+def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch, caplog):
+    """Seen in the lab's minimal SGLang venv: spec_utils fails to import there; the hook is skipped, not broken."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_ddtree.sglang import hooks
+
+    recorded = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, *a, **k: recorded.append(target)))
+    assert hooks._target_importable(hooks.CREATE_DUMMY_VERIFY_INPUT) is None
+    bogus = "sglang.srt.speculative.no_such_module_here.spec_need_hidden_states"
+    assert "ModuleNotFoundError" in hooks._target_importable(bogus)
+    monkeypatch.setattr(hooks, "SPEC_NEED_HIDDEN_STATES", bogus)
+    with caplog.at_level("WARNING", logger=hooks.__name__):
+        registered = hooks.register_hooks()
+    assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT]
+    assert [r.getMessage() for r in caplog.records if bogus in r.getMessage()]

@@ -15,6 +15,7 @@ Other places that compare the literal "DFLASH" gate features DDTREE rejects at s
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -69,8 +70,29 @@ def create_dummy_verify_input_hook(original, *args: Any, **kwargs: Any):
     )
 
 
-def register_hooks() -> None:
+def _target_importable(target: str) -> str | None:
+    """None when ``target``'s module imports (HookRegistry.apply_hooks imports it the same way), else why not."""
+    module = target.rsplit(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # an environment without the module's own imports: no hook, one clear line
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def register_hooks() -> list[str]:
+    """Register the DDTREE hooks whose targets import here; returns the targets registered."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(SPEC_NEED_HIDDEN_STATES, spec_need_hidden_states_hook, HookType.AROUND)
-    HookRegistry.register(CREATE_DUMMY_VERIFY_INPUT, create_dummy_verify_input_hook, HookType.AROUND)
+    registered = []
+    for target, hook in (
+        (SPEC_NEED_HIDDEN_STATES, spec_need_hidden_states_hook),
+        (CREATE_DUMMY_VERIFY_INPUT, create_dummy_verify_input_hook),
+    ):
+        problem = _target_importable(target)
+        if problem is not None:
+            logger.warning("sglang-ddtree: hook on %s not installed (%s); DDTREE needs it to serve", target, problem)
+            continue
+        HookRegistry.register(target, hook, HookType.AROUND)
+        registered.append(target)
+    return registered
