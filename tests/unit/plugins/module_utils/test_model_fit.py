@@ -19,10 +19,8 @@ from ansible_collections.specdec.pivot.plugins.module_utils import _model_fit as
 from ansible_collections.specdec.pivot.plugins.module_utils._model_fit import FitInputError
 from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
     MIB,
-    attach_processes,
-    parse_query_compute_apps,
-    parse_query_gpu,
 )
+from nvidia_recordings import recorded_gpus
 
 REPO = Path(__file__).resolve().parents[4]
 MODELS = REPO / "tests" / "unit" / "fixtures" / "models"
@@ -38,21 +36,8 @@ HYBRID_BYTES = 53_791_996_928  # computed language-model size in the fixture ind
 DRAFTER_BYTES = 2_097_252_864  # 1,048,626,432 params x 2 (README)
 
 
-def fixture_text(path: Path) -> str:
-    lines = path.read_text().splitlines(keepends=True)
-    while lines and lines[0].startswith("#fixture:"):
-        lines.pop(0)
-    return "".join(lines)
-
-
-def recorded_gpus(recording: str) -> list[dict]:
-    base = SMI / recording
-    gpus = parse_query_gpu(fixture_text(base / "query-gpu.out"))
-    return attach_processes(gpus, parse_query_compute_apps(fixture_text(base / "query-compute-apps.out")))
-
-
-IDLE2 = recorded_gpus("h200x2/idle")
-BUSY2 = recorded_gpus("h200x2/busy")
+IDLE2 = recorded_gpus(SMI / "h200x2" / "idle")
+BUSY2 = recorded_gpus(SMI / "h200x2" / "busy")
 
 
 def model_dir(tmp_path: Path, fixture: str, sparse: dict[str, int] | None = None, config: dict | None = None) -> Path:

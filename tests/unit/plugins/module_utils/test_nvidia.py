@@ -28,24 +28,12 @@ from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
     read_gpus_nvml,
     run_with_timeout,
 )
+from nvidia_recordings import fixture_text, recorded_gpus
 
 REPO = Path(__file__).resolve().parents[4]
 FIX = REPO / "tests" / "unit" / "fixtures" / "nvidia_smi"
 STAND_IN = REPO / "lab" / "stand-ins" / "nvidia-smi"
 RECORDINGS = [FIX / "h200" / "idle", FIX / "h200" / "busy", FIX / "h200x2" / "idle", FIX / "h200x2" / "busy"]
-
-
-def fixture_text(path: Path) -> str:
-    """A fixture file without its ``#fixture:`` provenance header lines (as the stand-in prints it)."""
-    lines = path.read_text().splitlines(keepends=True)
-    while lines and lines[0].startswith("#fixture:"):
-        lines.pop(0)
-    return "".join(lines)
-
-
-def gpus_of(recording: Path) -> list[dict]:
-    gpus = parse_query_gpu(fixture_text(recording / "query-gpu.out"))
-    return attach_processes(gpus, parse_query_compute_apps(fixture_text(recording / "query-compute-apps.out")))
 
 
 def standin_env(recording: Path | None, **extra: str) -> dict:
@@ -228,13 +216,13 @@ def test_attach_processes_groups_by_uuid_and_drops_unknown():
 def test_recorded_busy_state_lists_the_memory_holder():
     meta = json.loads((FIX / "h200" / "meta.json").read_text())
     holder = meta["busy_holder"]
-    gpus = gpus_of(FIX / "h200" / "busy")
+    gpus = recorded_gpus(FIX / "h200" / "busy")
     pids = [p["pid"] for p in gpus[0]["compute_processes"]]
     if holder["listed_by_nvidia_smi"]:
         assert holder["pid"] in pids
         proc = next(p for p in gpus[0]["compute_processes"] if p["pid"] == holder["pid"])
         assert proc["used_mib"] >= holder["bytes"] // _nvidia.MIB
-    idle = gpus_of(FIX / "h200" / "idle")
+    idle = recorded_gpus(FIX / "h200" / "idle")
     assert gpus[0]["memory_used_mib"] - idle[0]["memory_used_mib"] >= holder["bytes"] // _nvidia.MIB
 
 
@@ -363,7 +351,7 @@ def standin_on_path(tmp_path, monkeypatch):
 @pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_read_gpus_nvidia_smi_through_the_stand_in(standin_on_path, recording):
     standin_on_path(recording)
-    assert read_gpus_nvidia_smi(None, "nvidia-smi", 30) == gpus_of(recording)
+    assert read_gpus_nvidia_smi(None, "nvidia-smi", 30) == recorded_gpus(recording)
 
 
 @pytest.mark.parametrize(
@@ -392,7 +380,7 @@ def test_auto_backend_falls_back_to_nvidia_smi_when_nvml_cannot_init(standin_on_
     standin_on_path(FIX / "h200x2" / "busy")
     result = query_gpus(None, "nvidia-smi", 30, backend="auto")
     assert result.backend_used == "nvidia-smi"
-    assert result.gpus == gpus_of(FIX / "h200x2" / "busy")
+    assert result.gpus == recorded_gpus(FIX / "h200x2" / "busy")
     assert any("NVML not used" in note and "fell back to nvidia-smi" in note for note in result.notes)
     assert read_gpus(None, "nvidia-smi", 30) == result.gpus
 
@@ -517,7 +505,7 @@ def test_recorded_nvml_values_agree_with_nvidia_smi(recording):
         assert nvml.get("error"), "nvml.json without devices must record why (pynvml missing, NVML error)"
         return
     from_nvml = read_gpus_nvml(StandInNvml(nvml["devices"]))
-    from_smi = gpus_of(recording)
+    from_smi = recorded_gpus(recording)
     assert [(g["index"], g["uuid"], g["memory_total_mib"]) for g in from_nvml] == [
         (g["index"], g["uuid"], g["memory_total_mib"]) for g in from_smi
     ]
@@ -614,9 +602,9 @@ def test_composed_two_gpu_fixture_is_reproducible_from_the_one_gpu_recording(tmp
     for state in ("idle", "busy"):
         for path in sorted((FIX / "h200x2" / state).iterdir()):
             assert (tmp_path / "x2" / state / path.name).read_text() == path.read_text(), path
-    gpus = gpus_of(tmp_path / "x2" / "busy")
-    one = gpus_of(FIX / "h200" / "busy")
-    idle = gpus_of(FIX / "h200" / "idle")
+    gpus = recorded_gpus(tmp_path / "x2" / "busy")
+    one = recorded_gpus(FIX / "h200" / "busy")
+    idle = recorded_gpus(FIX / "h200" / "idle")
     assert gpus[0] == one[0]
     assert gpus[1]["index"] == 1 and gpus[1]["uuid"] != one[0]["uuid"]
     assert {k: v for k, v in gpus[1].items() if k not in ("index", "uuid")} == {
@@ -644,7 +632,7 @@ def test_record_script_records_every_form_the_stand_in_replays(tmp_path):
             assert (out / "idle" / f"{name}.{ext}").is_file()
         assert (out / "idle" / f"{name}.out").read_text().startswith("#fixture: recorded by")
     assert {form[1] for form in FORMS} == names
-    assert gpus_of(out / "idle") == gpus_of(FIX / "h200x2" / "idle")
+    assert recorded_gpus(out / "idle") == recorded_gpus(FIX / "h200x2" / "idle")
     meta = json.loads((out / "meta.json").read_text())
     assert meta["forms"]["query-gpu"] == list(_nvidia.QUERY_GPU_ARGS)
     assert meta["forms"]["query-compute-apps"] == list(_nvidia.QUERY_APPS_ARGS)

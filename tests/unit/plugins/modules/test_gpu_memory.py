@@ -13,11 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
-    attach_processes,
-    parse_query_compute_apps,
-    parse_query_gpu,
-)
+from nvidia_recordings import recorded_gpus
 
 REPO = Path(__file__).resolve().parents[4]
 FIX = REPO / "tests" / "unit" / "fixtures"
@@ -27,18 +23,6 @@ STAND_IN = REPO / "lab" / "stand-ins" / "nvidia-smi"
 MODULE = "ansible_collections.specdec.pivot.plugins.modules.gpu_memory"
 COLLECTIONS_ROOT = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0]).parent
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def fixture_text(path: Path) -> str:
-    lines = path.read_text().splitlines(keepends=True)
-    while lines and lines[0].startswith("#fixture:"):
-        lines.pop(0)
-    return "".join(lines)
-
-
-def recorded_gpus(recording: Path) -> list[dict]:
-    gpus = parse_query_gpu(fixture_text(recording / "query-gpu.out"))
-    return attach_processes(gpus, parse_query_compute_apps(fixture_text(recording / "query-compute-apps.out")))
 
 
 @pytest.fixture
