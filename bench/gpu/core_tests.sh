@@ -7,7 +7,7 @@
 #
 #   bash bench/gpu/core_tests.sh            # from the repository root; results under $OUT (default /tmp/sglang-ddtree-core)
 #   DEVICE=cpu BENCH_ARGS="--small --device cpu" bash bench/gpu/core_tests.sh   # smoke run without a GPU
-#   STAGE=tests bash bench/gpu/core_tests.sh ; STAGE=bench bash bench/gpu/core_tests.sh   # as two device calls
+#   STAGE=tests|stages|bench bash bench/gpu/core_tests.sh   # one part (stages: bench/gpu/tree_stages.py)
 #
 # Budget: one device call runs at most 600 s, so TEST_TIMEOUT=330 and BENCH_TIMEOUT=250 by default. The tests
 # take about 1-3 minutes on the H200 (Triton compiles a few dozen kernel variants; its cache ~/.triton persists
@@ -51,9 +51,18 @@ fi
 status=0
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
 echo "== core tests on $DEVICE"
-SGLANG_DDTREE_TEST_DEVICE=$DEVICE timeout "${TEST_TIMEOUT:-330}" "$PY" -m pytest sglang-ddtree/tests \
-    --ignore=sglang-ddtree/tests/sglang -m "not sglang" -p no:cacheprovider -q -rs \
+# pytest-xdist (in the GPU image) spreads the suite over processes sharing the GPU; TEST_WORKERS=0 turns it off.
+workers=()
+if [ "${TEST_WORKERS:-8}" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-8}"); fi
+SGLANG_DDTREE_TEST_DEVICE=$DEVICE timeout "${TEST_TIMEOUT:-330}" "$PY" -m pytest sglang-ddtree/tests "${workers[@]}" \
+    --ignore=sglang-ddtree/tests/sglang -m "not sglang" -p no:cacheprovider -q -rs --durations=10 \
     --junitxml="$OUT/junit-$DEVICE.xml" 2>&1 | tee "$OUT/pytest-$DEVICE.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "$STAGE" = all ] || [ "$STAGE" = stages ]; then
+echo "== bench/gpu/tree_stages.py (where the time goes at B=64, N=16, V=151936)"
+timeout "${STAGES_TIMEOUT:-200}" "$PY" bench/gpu/tree_stages.py ${STAGES_ARGS:-} --out "$OUT/tree_stages.json" 2>&1 | tee "$OUT/tree_stages.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

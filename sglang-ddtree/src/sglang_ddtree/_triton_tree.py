@@ -1,11 +1,13 @@
-"""Triton kernel: the whole DDTree construction of one request per program (same algorithm as ``tree.py``).
+"""Triton kernel: the whole DDTree construction of one request per program, in registers.
 
-Input: per-depth candidates sorted by (log-probability desc, token asc). One program per batch row runs the
-per-depth beam (children enumerated in lexicographic order; the best N by (score desc, index asc) are found
-with a sort of the scores for the N-th value and an in-order cumulative count for ties, then compacted in
-index order, which keeps the beam lexicographic), the preorder numbering of the trie of all beams, the final
-top-N in (score desc, preorder asc) order, and every output field. Scratch tables live in global memory
-(gathers and scatters go through it, separated by ``tl.debug_barrier``).
+Input: per-depth candidates sorted by (log-probability desc, token asc), so a candidate's rank is its index.
+The program runs the reference best-first search itself: N pops from a frontier of at most N + 1 candidate
+prefixes held in registers (the first candidate is depth 1, rank 0; popping a node adds its first child and its
+next sibling). The pop order is (summed log-probability desc, rank tuple lexicographic asc): scores are float64
+sums, and the lexicographic order of the frontier is kept as an integer position per entry (a popped node's first
+child goes right after it and its next sibling right after that, since its subtree holds nothing else yet).
+Every output field is then computed from the node table in registers (ancestors by climbing parent chains).
+No scratch memory, no barriers; N sequential steps of a few reductions over 2N lanes.
 """
 
 from __future__ import annotations
@@ -22,11 +24,6 @@ def _tree_kernel(
     D,
     K,
     N,
-    s_score,  # f64 [B, D, WP]
-    s_int,  # i32 [B, 6, D, WP]: valid, parent, rank, desc, base, pre
-    s_u,  # i32 [B, 2, UP]: lexicographic union order, node of union entry
-    s_node,  # i32 [B, 4, NB]: chosen union entry, pre, size, parent (node order)
-    s_node_score,  # f64 [B, NB]
     o_tokens,  # i64 [B, N]
     o_depths,  # i64 [B, N]
     o_parents,  # i64 [B, N+1]
@@ -37,179 +34,103 @@ def _tree_kernel(
     o_scores,  # f64 [B, N]
     o_ranks,  # i64 [B, N]
     o_lps,  # f32 [B, N]
-    WP: tl.constexpr,
-    KP: tl.constexpr,
-    UP: tl.constexpr,
-    NB: tl.constexpr,
+    FP: tl.constexpr,  # frontier slots, >= 2N + 1
+    NB: tl.constexpr,  # node slots, >= N + 1
 ):
     b = tl.program_id(0).to(tl.int64)
     neg_inf = float("-inf")
-    slots = tl.arange(0, WP)
-    ranks_k = tl.arange(0, KP)
-    DW = D * WP
-    score_row = s_score + b * DW
-    valid_row = s_int + b * 6 * DW
-    parent_row = valid_row + DW
-    rank_row = valid_row + 2 * DW
-    desc_row = valid_row + 3 * DW
-    base_row = valid_row + 4 * DW
-    pre_row = valid_row + 5 * DW
+    big = 1 << 30
     vals_row = val_ptr + b * D * K
     toks_row = tok_ptr + b * D * K
-
-    # ---- depth 1: all K candidates, lexicographic = rank order
-    lp0 = tl.load(vals_row + slots, mask=slots < K, other=neg_inf).to(tl.float64) + 0.0
-    tl.store(score_row + slots, tl.where(slots < K, lp0, neg_inf))
-    tl.store(valid_row + slots, (slots < K).to(tl.int32))
-    tl.store(parent_row + slots, slots * 0)
-    tl.store(rank_row + slots, slots)
-    tl.debug_barrier()
-
-    # ---- per-depth beams
-    flat = tl.arange(0, WP * KP)
-    for d in range(1, D):
-        score = tl.load(score_row + (d - 1) * WP + slots)
-        valid = tl.load(valid_row + (d - 1) * WP + slots) != 0
-        lpd = tl.load(vals_row + d * K + ranks_k, mask=ranks_k < K, other=neg_inf).to(tl.float64)
-        ch = tl.reshape(score[:, None] + lpd[None, :], (WP * KP,))
-        cv = tl.reshape(valid[:, None] & (ranks_k < K)[None, :], (WP * KP,))
-        masked = tl.where(cv, ch, neg_inf)
-        srt = tl.sort(masked, descending=True)
-        v = tl.max(tl.where(flat == N - 1, srt, neg_inf), axis=0)
-        gt = cv & (ch > v)
-        eq = cv & (ch == v)
-        need = N - tl.sum(gt.to(tl.int32), axis=0)
-        eq_rank = tl.cumsum(eq.to(tl.int32), axis=0)
-        sel = gt | (eq & (eq_rank <= need))
-        pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        # clear depth d, then scatter the selection in index (= lexicographic) order
-        tl.store(score_row + d * WP + slots, tl.full((WP,), neg_inf, tl.float64))
-        tl.store(valid_row + d * WP + slots, slots * 0)
-        tl.store(parent_row + d * WP + slots, slots * 0)
-        tl.store(rank_row + d * WP + slots, slots * 0)
-        tl.debug_barrier()
-        tl.store(score_row + d * WP + pos, masked, mask=sel)
-        tl.store(valid_row + d * WP + pos, cv.to(tl.int32), mask=sel)
-        tl.store(parent_row + d * WP + pos, flat // KP, mask=sel)
-        tl.store(rank_row + d * WP + pos, flat % KP, mask=sel)
-        tl.debug_barrier()
-
-    # ---- descendants per beam entry (bottom-up)
-    desc_cur = slots * 0
-    for dd in range(1, D):
-        d = D - dd
-        tl.store(desc_row + d * WP + slots, desc_cur)
-        vc = tl.load(valid_row + d * WP + slots) != 0
-        pc = tl.load(parent_row + d * WP + slots)
-        hit = (pc[None, :] == slots[:, None]) & vc[None, :]
-        desc_cur = tl.sum(tl.where(hit, (desc_cur + 1)[None, :], 0), axis=1)
-    tl.store(desc_row + slots, desc_cur)
-    tl.debug_barrier()
-
-    # ---- preorder (top-down): pre = sum_{k<d}(slot(anc_k)+1) + slot + sum of earlier beam entries' desc
-    above = slots * 0
-    for d in range(0, D):
-        if d > 0:
-            pc = tl.load(parent_row + d * WP + slots)
-            above = tl.load(base_row + (d - 1) * WP + pc)
-        desc_d = tl.load(desc_row + d * WP + slots)
-        excl = tl.cumsum(desc_d, axis=0) - desc_d
-        tl.store(pre_row + d * WP + slots, above + slots + excl)
-        tl.store(base_row + d * WP + slots, above + slots + 1)
-        tl.debug_barrier()
-
-    # ---- union in lexicographic order
-    u = tl.arange(0, UP)
-    in_u = u < DW
-    uvalid = (tl.load(valid_row + u, mask=in_u, other=0) != 0) & in_u
-    upre = tl.load(pre_row + u, mask=in_u, other=0)
-    lex_row = s_u + b * 2 * UP
-    nodeof_row = lex_row + UP
-    tl.store(nodeof_row + u, u * 0)
-    tl.store(lex_row + upre, u, mask=uvalid)
-    tl.debug_barrier()
-    nvalid = tl.sum(uvalid.to(tl.int32), axis=0)
-    lvalid = u < nvalid
-    lu = tl.load(lex_row + u, mask=lvalid, other=0)
-    lscore = tl.load(score_row + lu, mask=lvalid, other=neg_inf)
-    masked = tl.where(lvalid, lscore, neg_inf)
-    srt = tl.sort(masked, descending=True)
-    v = tl.max(tl.where(u == N - 1, srt, neg_inf), axis=0)
-    gt = lvalid & (lscore > v)
-    eq = lvalid & (lscore == v)
-    need = N - tl.sum(gt.to(tl.int32), axis=0)
-    sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-    cpos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-    nsel = tl.sum(sel.to(tl.int32), axis=0)
-    node_row = s_node + b * 4 * NB
-    nscore_row = s_node_score + b * NB
-    tl.store(node_row + cpos, lu, mask=sel)
-    tl.store(nscore_row + cpos, lscore, mask=sel)
-    tl.debug_barrier()
-
-    # ---- final order: (score desc, lexicographic asc) among the chosen
+    f = tl.arange(0, FP)
     j = tl.arange(0, NB)
-    cvalid = j < nsel
-    cu = tl.load(node_row + j, mask=cvalid, other=0)
-    cs = tl.load(nscore_row + j, mask=cvalid, other=neg_inf)
-    before = cvalid[None, :] & (
-        (cs[None, :] > cs[:, None]) | ((cs[None, :] == cs[:, None]) & (j[None, :] < j[:, None]))
-    )
-    rank_final = tl.sum(before.to(tl.int32), axis=1)  # 0-based pop position
-    cd = cu // WP
-    crank = tl.load(rank_row + cu, mask=cvalid, other=0)
-    cpar_slot = tl.load(parent_row + cu, mask=cvalid, other=0)
-    cpre = tl.load(pre_row + cu, mask=cvalid, other=0)
-    cdesc = tl.load(desc_row + cu, mask=cvalid, other=0)
-    ctok = tl.load(toks_row + cd * K + crank, mask=cvalid, other=0)
-    clp = tl.load(vals_row + cd * K + crank, mask=cvalid, other=neg_inf)
-    tl.store(nodeof_row + cu, rank_final + 1, mask=cvalid)
-    npre_row = node_row + NB
-    nsize_row = node_row + 2 * NB
-    npar_row = node_row + 3 * NB
-    tl.store(npre_row + rank_final, cpre, mask=cvalid)
-    tl.store(nsize_row + rank_final, cdesc + 1, mask=cvalid)
-    out_n = b * N
-    tl.store(o_tokens + out_n + rank_final, ctok, mask=cvalid)
-    tl.store(o_depths + out_n + rank_final, (cd + 1).to(tl.int64), mask=cvalid)
-    tl.store(o_scores + out_n + rank_final, cs, mask=cvalid)
-    tl.store(o_ranks + out_n + rank_final, crank.to(tl.int64), mask=cvalid)
-    tl.store(o_lps + out_n + rank_final, clp, mask=cvalid)
-    pad = (j >= nsel) & (j < N)
-    tl.store(o_tokens + out_n + j, (j * 0).to(tl.int64), mask=pad)
-    tl.store(o_depths + out_n + j, (j * 0).to(tl.int64), mask=pad)
-    tl.store(o_scores + out_n + j, tl.full((NB,), neg_inf, tl.float64), mask=pad)
-    tl.store(o_ranks + out_n + j, (j * 0 - 1).to(tl.int64), mask=pad)
-    tl.store(o_lps + out_n + j, tl.full((NB,), neg_inf, tl.float32), mask=pad)
-    tl.debug_barrier()
-    parent_u = tl.where(cd > 0, (cd - 1) * WP + cpar_slot, 0)
-    pnode = tl.load(nodeof_row + parent_u, mask=cvalid & (cd > 0), other=0)
-    tl.store(npar_row + rank_final, pnode, mask=cvalid)
-    tl.store(npar_row + j, j * 0 - 1, mask=pad)
-    tl.store(o_num + b, (nsel + 1).to(tl.int64))
-    tl.debug_barrier()
 
-    # ---- node-level outputs: parents, ancestors, first child, next sibling (node 0 = root)
+    # Frontier (registers): candidate prefixes whose parent is already a node. Slot 0 holds depth 1, rank 0;
+    # pop s writes its first child into slot 2s + 1 and its next sibling into slot 2s + 2.
+    # f_pos orders the frontier lexicographically by rank tuple (the tie-break): a popped node's first child
+    # comes right after it and its next sibling right after that (its subtree holds no other entry yet).
+    lp00 = tl.load(vals_row).to(tl.float64) + 0.0
+    f_active = f == 0
+    f_score = tl.where(f == 0, lp00, neg_inf)
+    f_pscore = tl.zeros([FP], tl.float64)
+    f_parent = f * 0
+    f_depth = f * 0 + 1
+    f_rank = f * 0
+    f_pos = f * 0
+    n_parent = j * 0 - 1
+    n_depth = j * 0
+    n_rank = j * 0 - 1
+    n_score = tl.full([NB], neg_inf, tl.float64)
+    count = tl.sum(f * 0, axis=0)
+    for s in range(N):
+        has = tl.max(f_active.to(tl.int32), axis=0) > 0
+        m = tl.max(tl.where(f_active, f_score, neg_inf), axis=0)
+        cand = f_active & (f_score == m)
+        pmin = tl.min(tl.where(cand, f_pos, big), axis=0)
+        sel = cand & (f_pos == pmin)
+        v_score = tl.max(tl.where(sel, f_score, neg_inf), axis=0)
+        v_pscore = tl.max(tl.where(sel, f_pscore, neg_inf), axis=0)
+        v_parent = tl.sum(tl.where(sel, f_parent, 0), axis=0)
+        v_depth = tl.sum(tl.where(sel, f_depth, 0), axis=0)
+        v_rank = tl.sum(tl.where(sel, f_rank, 0), axis=0)
+        node = s + 1
+        put = (j == node) & has
+        n_parent = tl.where(put, v_parent, n_parent)
+        n_depth = tl.where(put, v_depth, n_depth)
+        n_rank = tl.where(put, v_rank, n_rank)
+        n_score = tl.where(put, v_score, n_score)
+        count += has.to(tl.int32)
+
+        add_c = has & (v_depth < D)
+        add_s = has & (v_rank + 1 < K)
+        lp_c = tl.load(vals_row + v_depth * K, mask=add_c, other=0.0).to(tl.float64) + 0.0
+        lp_s = tl.load(vals_row + (v_depth - 1) * K + v_rank + 1, mask=add_s, other=0.0).to(tl.float64) + 0.0
+        f_active = f_active & ~sel
+        f_pos = tl.where(f_pos > pmin, f_pos + 2, f_pos)
+        is_c = (f == 2 * s + 1) & add_c
+        is_s = (f == 2 * s + 2) & add_s
+        f_active = f_active | is_c | is_s
+        f_score = tl.where(is_c, v_score + lp_c, tl.where(is_s, v_pscore + lp_s, f_score))
+        f_pscore = tl.where(is_c, v_score, tl.where(is_s, v_pscore, f_pscore))
+        f_parent = tl.where(is_c, node, tl.where(is_s, v_parent, f_parent))
+        f_depth = tl.where(is_c, v_depth + 1, tl.where(is_s, v_depth, f_depth))
+        f_rank = tl.where(is_c, 0, tl.where(is_s, v_rank + 1, f_rank))
+        f_pos = tl.where(is_c, pmin + 1, tl.where(is_s, pmin + 2, f_pos))
+
+    # ---- per-node outputs (node i >= 1 is pop i; invalid past num_nodes)
     M1 = N + 1
-    i = tl.arange(0, NB)
-    real = (i >= 1) & (i < M1)
-    im1 = tl.where(real, i - 1, 0)
-    par = tl.where(i == 0, -1, tl.load(npar_row + im1, mask=real, other=-1))
-    pre = tl.where(i == 0, -1, tl.load(npre_row + im1, mask=real, other=0))
-    size = tl.where(i == 0, 1 << 30, tl.load(nsize_row + im1, mask=real, other=0))
-    nvalid_node = i < nsel + 1
-    tl.store(o_parents + b * M1 + i, par.to(tl.int64), mask=i < M1)
-    anc = (pre[None, :] <= pre[:, None]) & (pre[:, None] < (pre + size)[None, :])
-    anc = (anc & nvalid_node[None, :] & nvalid_node[:, None]) | (i[:, None] == i[None, :])
-    inside = (i[:, None] < M1) & (i[None, :] < M1)
-    tl.store(o_anc + b * M1 * M1 + i[:, None] * M1 + i[None, :], anc.to(tl.uint8), mask=inside)
-    big = 1 << 30
-    is_child = (par[None, :] == i[:, None]) & (i[None, :] < M1)
-    first = tl.min(tl.where(is_child, i[None, :], big), axis=1)
-    tl.store(o_first + b * M1 + i, tl.where(first == big, -1, first).to(tl.int64), mask=i < M1)
-    sib = (par[None, :] == par[:, None]) & (par[:, None] >= 0) & (i[None, :] > i[:, None]) & (i[None, :] < M1)
-    nxt = tl.min(tl.where(sib, i[None, :], big), axis=1)
-    tl.store(o_next + b * M1 + i, tl.where(nxt == big, -1, nxt).to(tl.int64), mask=i < M1)
+    real = (j >= 1) & (j <= count)
+    slot = tl.where(real, (n_depth - 1) * K + n_rank, 0)
+    tok = tl.load(toks_row + slot, mask=real, other=0)
+    lpv = tl.load(vals_row + slot, mask=real, other=neg_inf)
+    out_n = b * N + j - 1
+    in_n = (j >= 1) & (j < M1)
+    tl.store(o_tokens + out_n, tl.where(real, tok, 0).to(tl.int64), mask=in_n)
+    tl.store(o_depths + out_n, tl.where(real, n_depth, 0).to(tl.int64), mask=in_n)
+    tl.store(o_scores + out_n, tl.where(real, n_score, neg_inf), mask=in_n)
+    tl.store(o_ranks + out_n, tl.where(real, n_rank, -1).to(tl.int64), mask=in_n)
+    tl.store(o_lps + out_n, tl.where(real, lpv, neg_inf), mask=in_n)
+    tl.store(o_num + b, (count + 1).to(tl.int64))
+    par = tl.where(real, n_parent, -1)
+    tl.store(o_parents + b * M1 + j, par.to(tl.int64), mask=j < M1)
+
+    # ancestors-or-self: climb every node's parent chain (at most D steps; the root's parent is -1)
+    valid = j <= count
+    ptr = j
+    anc = j[:, None] == j[None, :]
+    for _ in range(D):
+        up = tl.sum(tl.where(j[None, :] == ptr[:, None], par[None, :], 0), axis=1)
+        ptr = tl.where((ptr < NB) & (up >= 0), up, big)
+        anc = anc | ((j[None, :] == ptr[:, None]) & valid[:, None])
+    inside = (j[:, None] < M1) & (j[None, :] < M1)
+    tl.store(o_anc + b * M1 * M1 + j[:, None] * M1 + j[None, :], anc.to(tl.uint8), mask=inside)
+
+    is_child = (par[None, :] == j[:, None]) & (j[None, :] < M1)
+    first = tl.min(tl.where(is_child, j[None, :], big), axis=1)
+    tl.store(o_first + b * M1 + j, tl.where(first == big, -1, first).to(tl.int64), mask=j < M1)
+    sib = (par[None, :] == par[:, None]) & (par[:, None] >= 0) & (j[None, :] > j[:, None]) & (j[None, :] < M1)
+    nxt = tl.min(tl.where(sib, j[None, :], big), axis=1)
+    tl.store(o_next + b * M1 + j, tl.where(nxt == big, -1, nxt).to(tl.int64), mask=j < M1)
 
 
 def _next_pow2(n: int) -> int:
@@ -222,18 +143,7 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int):
     values = values.contiguous().float()
     tokens = tokens.contiguous().to(torch.int64)
     device = values.device
-    # Bucketed sizes keep the number of compiled variants small: one per power of two of the budget (and of
-    # the depth beyond 16); masks handle the rest.
-    wp = _next_pow2(budget)
-    kp = wp  # k <= budget
-    up = max(16, _next_pow2(depth)) * wp
-    nb = 2 * wp
     n1 = budget + 1
-    s_score = torch.empty((bsz, depth, wp), dtype=torch.float64, device=device)
-    s_int = torch.empty((bsz, 6, depth, wp), dtype=torch.int32, device=device)
-    s_u = torch.empty((bsz, 2, up), dtype=torch.int32, device=device)
-    s_node = torch.empty((bsz, 4, nb), dtype=torch.int32, device=device)
-    s_node_score = torch.empty((bsz, nb), dtype=torch.float64, device=device)
     out = {
         "tokens": torch.empty((bsz, budget), dtype=torch.int64, device=device),
         "depths": torch.empty((bsz, budget), dtype=torch.int64, device=device),
@@ -246,17 +156,13 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int):
         "ranks": torch.empty((bsz, budget), dtype=torch.int64, device=device),
         "logprobs": torch.empty((bsz, budget), dtype=torch.float32, device=device),
     }
+    # Bucketed sizes keep the number of compiled variants small (one per power of two of the budget).
     _tree_kernel[(bsz,)](
         values,
         tokens,
         depth,
         k,
         budget,
-        s_score,
-        s_int,
-        s_u,
-        s_node,
-        s_node_score,
         out["tokens"],
         out["depths"],
         out["parents"],
@@ -267,11 +173,9 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int):
         out["scores"],
         out["ranks"],
         out["logprobs"],
-        WP=wp,
-        KP=kp,
-        UP=up,
-        NB=nb,
-        num_warps=4 if wp * kp <= 1024 else 8,
+        FP=_next_pow2(2 * budget + 1),
+        NB=_next_pow2(budget + 1),
+        num_warps=4,
     )
     out["ancestors"] = out["ancestors"].view(torch.bool)
     return out

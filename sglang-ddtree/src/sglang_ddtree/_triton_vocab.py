@@ -1,17 +1,20 @@
-"""Triton kernels: exact per-row top-K of float32 log-probabilities in ~one streaming pass over the logits.
+"""Triton kernel: exact per-row top-K of float32 log-probabilities in one streaming pass over the logits.
 
 Order: log-probability ``lp = (x - m) - logsum`` (float32; m = row max, logsum = log(sum(exp(x - m))), both
 returned) descending, ties by token id ascending; exactly as ``exact_topk`` on the full row of those values.
 
-1. ``_vocab_scan`` (grid rows x groups): per tile of TILE logits its max, per group the online-softmax pair
-   (max, sum(exp(x - max))).
-2. ``_vocab_select`` (grid rows): combines the row's log-sum-exp, picks the K tiles with the largest max (ties:
-   lower tile first), loads only those and extracts the K best (lp, id) keys. Every element outside those tiles
-   has a logit <= M', the best unselected tile max. The selection is certified exact when lp(M') < lp of the
-   K-th pick, or when M' <= its logit and the next representable input value below that logit already has a
-   smaller lp (exact logit ties across tiles are resolved by the tile order: a lower tile holds lower ids).
-   Otherwise (float32 rounding made distinct logits share a log-probability at the boundary, which is rare)
-   the program rescans the whole row exactly, so the result is always exact.
+One launch, grid (groups, rows): program (g, r) streams its group of tiles of row r and writes, per tile of TILE
+logits, its max, and for the group the online-softmax pair (max, sum(exp(x - max))). It then increments the
+row's counter; the program that completes the row (the last of its groups to finish) does the selection for it
+while other rows are still streaming, so the selection hides behind the memory traffic:
+
+* it combines the row's log-sum-exp, picks the K tiles with the largest max (ties: lower tile first), loads only
+  those and extracts the K best (lp, id) keys. Every element outside those tiles has a logit <= M', the best
+  unselected tile max. The selection is certified exact when lp(M') < lp of the K-th pick, or when M' <= its
+  logit and the next representable input value below that logit already has a smaller lp (exact logit ties
+  across tiles are resolved by the tile order: a lower tile holds lower ids). Otherwise (float32 rounding made
+  distinct logits share a log-probability at the boundary, which is rare) the program rescans the whole row
+  exactly, so the result is always exact.
 """
 
 from __future__ import annotations
@@ -45,37 +48,9 @@ def _unpack_lp(key):
     return bits.to(tl.float32, bitcast=True)
 
 
-# Few compiled variants: sizes are bucketed below and plain integer arguments are not specialised.
-@triton.jit(do_not_specialize=["V", "T", "P"])
-def _vocab_scan(
-    x_ptr,
-    stride_row,
-    V,
-    T,
-    P,
-    tmax_ptr,
-    pm_ptr,
-    ps_ptr,
-    TILE: tl.constexpr,
-    TPP: tl.constexpr,
-):
-    row = tl.program_id(0)
-    grp = tl.program_id(1)
-    tiles = grp * TPP + tl.arange(0, TPP)
-    offs = tiles[:, None] * TILE + tl.arange(0, TILE)[None, :]
-    mask = offs < V
-    x = tl.load(x_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-    tm = tl.max(x, axis=1)
-    tl.store(tmax_ptr + row.to(tl.int64) * T + tiles, tm, mask=tiles < T)
-    m = tl.max(tm, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(tl.sum(tl.where(mask, tl.exp(x - m_safe), 0.0), axis=1), axis=0)
-    tl.store(pm_ptr + row * P + grp, m)
-    tl.store(ps_ptr + row * P + grp, s)
-
-
-@triton.jit(do_not_specialize=["V", "T", "P", "K", "STEP", "SCR"])
-def _vocab_select(
+@triton.jit
+def _select_row(
+    row,  # the row this program selects for; every group of it has written tmax/pm/ps
     x_ptr,
     stride_row,
     V,
@@ -99,7 +74,6 @@ def _vocab_select(
     KP: tl.constexpr,
     CAP: tl.constexpr,
 ):
-    row = tl.program_id(0)
     row64 = row.to(tl.int64)
     x_row = x_ptr + row64 * stride_row
     neg_inf = float("-inf")
@@ -107,8 +81,8 @@ def _vocab_select(
 
     # row log-sum-exp from the group partials
     p = tl.arange(0, PP)
-    pm = tl.load(pm_ptr + row * P + p, mask=p < P, other=neg_inf)
-    ps = tl.load(ps_ptr + row * P + p, mask=p < P, other=0.0)
+    pm = tl.load(pm_ptr + row * P + p, mask=p < P, other=neg_inf, cache_modifier=".cg")
+    ps = tl.load(ps_ptr + row * P + p, mask=p < P, other=0.0, cache_modifier=".cg")
     m = tl.max(pm, axis=0)
     m_safe = tl.where(m == neg_inf, 0.0, m)
     terms = tl.where(pm == neg_inf, 0.0, ps * tl.exp(pm - m_safe))
@@ -116,18 +90,20 @@ def _vocab_select(
     tl.store(out_m_ptr + row, m)
     tl.store(out_ls_ptr + row, ls)
 
-    # the K tiles with the largest max (ties: lower tile first), via a sorted scratch copy
+    # the K tiles with the largest max (ties: lower tile first): K rounds of a max over the packed keys
     t = tl.arange(0, TP)
-    tm = tl.load(tmax_ptr + row64 * T + t, mask=t < T, other=neg_inf)
+    tm = tl.load(tmax_ptr + row64 * T + t, mask=t < T, other=neg_inf, cache_modifier=".cg")
     tkey = tl.where(t < T, (_ord32(tm + 0.0).to(tl.int64) << 32) | (2147483647 - t).to(tl.int64), key_min)
-    tkey = tl.sort(tkey, descending=True)
-    tl.store(scratch_ptr + row64 * SCR + t, tkey)
-    tl.debug_barrier()
     kt = tl.minimum(K, T)
     j = tl.arange(0, KP)
-    sel_keys = tl.load(scratch_ptr + row64 * SCR + j, mask=j < kt, other=key_min)
+    sel_keys = tl.full([KP], key_min, tl.int64)
+    for i in range(K):
+        top = tl.max(tkey, axis=0)
+        sel_keys = tl.where((j == i) & (i < kt), top, sel_keys)
+        tkey = tl.where(tkey == top, key_min, tkey)
+    next_key = tl.max(tkey, axis=0)
+    tau_key = tl.min(tl.where(j < kt, sel_keys, 9223372036854775807), axis=0)
     tile_ids = 2147483647 - (sel_keys & 0xFFFFFFFF)
-    next_key = tl.load(scratch_ptr + row64 * SCR + kt, mask=kt < T, other=key_min)
     m_next = tl.where(kt < T, _unpack_lp(next_key), neg_inf)  # M': best unselected tile max
 
     offs = tile_ids[:, None] * TILE + tl.arange(0, TILE)[None, :]
@@ -139,7 +115,6 @@ def _vocab_select(
     # When K tiles were selected, only elements with lp >= lp(tau), tau = the smallest selected tile max, can be
     # in the top K (the K tile maxima already reach it); with fewer tiles than K every element is a candidate.
     # Usually few: compact them and sort; otherwise extract K times from the block.
-    tau_key = tl.load(scratch_ptr + row64 * SCR + kt - 1)
     lp_tau = tl.where(kt < K, neg_inf, (_unpack_lp(tau_key) - m) - ls)
     cand = valid & (lp >= lp_tau)
     count = tl.sum(tl.sum(cand.to(tl.int32), axis=1), axis=0)
@@ -147,7 +122,7 @@ def _vocab_select(
         flat_cand = tl.reshape(cand, (KP * TILE,))
         flat_keys = tl.reshape(keys, (KP * TILE,))
         pos = tl.cumsum(flat_cand.to(tl.int32), axis=0) - 1
-        comp_row = scratch_ptr + row64 * SCR + TP  # a second region of the row's scratch
+        comp_row = scratch_ptr + row64 * SCR
         tl.store(comp_row + pos, flat_keys, mask=flat_cand)
         tl.debug_barrier()
         c = tl.arange(0, CAP)
@@ -192,6 +167,81 @@ def _vocab_select(
             prev = cur
 
 
+# Few compiled variants: sizes are bucketed below and plain integer arguments are not specialised.
+@triton.jit(do_not_specialize=["V", "T", "P", "K", "STEP", "SCR"])
+def _vocab_topk(
+    x_ptr,
+    stride_row,
+    V,
+    T,
+    P,
+    K,
+    STEP,
+    tmax_ptr,
+    pm_ptr,
+    ps_ptr,
+    count_ptr,
+    scratch_ptr,
+    SCR,
+    out_val_ptr,
+    out_id_ptr,
+    out_m_ptr,
+    out_ls_ptr,
+    out_fallback_ptr,
+    TILE: tl.constexpr,
+    TPP: tl.constexpr,
+    TP: tl.constexpr,
+    PP: tl.constexpr,
+    KP: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    grp = tl.program_id(0)
+    row = tl.program_id(1)
+    # scan: tile maxima and the group's online-softmax pair
+    tiles = grp * TPP + tl.arange(0, TPP)
+    offs = tiles[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    mask = offs < V
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    tm = tl.max(x, axis=1)
+    tl.store(tmax_ptr + row.to(tl.int64) * T + tiles, tm, mask=tiles < T)
+    m = tl.max(tm, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.sum(tl.where(mask, tl.exp(x - m_safe), 0.0), axis=1), axis=0)
+    tl.store(pm_ptr + row * P + grp, m)
+    tl.store(ps_ptr + row * P + grp, s)
+    # the program that finishes the row selects for it (release our stores, acquire the others')
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if done == P - 1:
+        tl.debug_barrier()
+        tl.store(count_ptr + row, 0)  # ready for the next launch (e.g. a CUDA graph replay)
+        _select_row(
+            row,
+            x_ptr,
+            stride_row,
+            V,
+            T,
+            P,
+            K,
+            STEP,
+            tmax_ptr,
+            pm_ptr,
+            ps_ptr,
+            scratch_ptr,
+            SCR,
+            out_val_ptr,
+            out_id_ptr,
+            out_m_ptr,
+            out_ls_ptr,
+            out_fallback_ptr,
+            TILE,
+            TP,
+            PP,
+            KP,
+            CAP,
+        )
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -202,15 +252,15 @@ _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
 
-    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 8192) is the number of logits one program handles
-    (TILE * tiles per program in the scan, TILE * K in the selection); a tuning knob, not a semantic one.
-    Logits must be finite or -inf.
+    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 4096) is the number of logits one program streams
+    (TILE * tiles per program; the selection loads K tiles of TILE); a tuning knob, not a semantic one.
+    Logits must be finite or -inf. One kernel launch (plus zeroing the rows' counters), no host sync.
 
     Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
     fallback int32 [R] (1 where the exact rescan ran)).
     """
     if elements is None:
-        elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "8192"))
+        elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "4096"))
     if logits.dim() != 2:
         raise ValueError(f"logits must be [R, V], got {tuple(logits.shape)}")
     if logits.dtype not in _STEP:
@@ -220,6 +270,8 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     rows, vocab = logits.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in 1..{vocab}")
+    if rows > 65535:
+        raise ValueError(f"at most 65535 rows per call, got {rows}")
     kp = _next_pow2(k)
     tile = max(64, min(1024, elements // kp))
     tiles = -(-vocab // tile)
@@ -229,16 +281,15 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     tmax = torch.empty((rows, tiles), dtype=torch.float32, device=device)
     pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
     ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
-    tp = max(256, _next_pow2(tiles))
+    count = torch.zeros((rows,), dtype=torch.int32, device=device)
     cap = max(64, 4 * kp)
-    scratch = torch.empty((rows, tp + cap), dtype=torch.int64, device=device)
+    scratch = torch.empty((rows, cap), dtype=torch.int64, device=device)
     values = torch.empty((rows, k), dtype=torch.float32, device=device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=device)
     row_max = torch.empty((rows,), dtype=torch.float32, device=device)
     row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
     fallback = torch.empty((rows,), dtype=torch.int32, device=device)
-    _vocab_scan[(rows, groups)](logits, logits.stride(0), vocab, tiles, groups, tmax, pm, ps, TILE=tile, TPP=tpp)
-    _vocab_select[(rows,)](
+    _vocab_topk[(groups, rows)](
         logits,
         logits.stride(0),
         vocab,
@@ -249,6 +300,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
         tmax,
         pm,
         ps,
+        count,
         scratch,
         scratch.stride(0),
         values,
@@ -257,10 +309,11 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
         row_logsum,
         fallback,
         TILE=tile,
-        TP=tp,
+        TPP=tpp,
+        TP=max(16, _next_pow2(tiles)),
         PP=max(16, _next_pow2(groups)),
         KP=kp,
         CAP=cap,
-        num_warps=8,
+        num_warps=int(os.environ.get("SGLANG_DDTREE_TOPK_WARPS", "4")),
     )
     return values, ids, row_max, row_logsum, fallback
