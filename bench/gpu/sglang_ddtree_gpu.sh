@@ -4,18 +4,19 @@
 #
 #   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
 #
-# STAGE: install | models | equality | speed | all. Each of equality / speed starts 3-4 engines (about a
-# minute each, mostly CUDA-graph capture): run them as separate commands to stay under a 10-minute limit.
+# STAGE: install | models | measure | all. measure starts 5 engines (the first about 100 s, mostly Triton JIT and
+# CUDA-graph capture, later ones about 35 s): run it as its own command to stay under a 10-minute limit.
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
 #             interpreter; falls back to a hand-written dist-info when pip cannot build offline)
 #   models    tiny aligned Qwen3 target + DFlash drafter (block size 8) via sglang_ddtree.reference.tiny
-#   equality  no speculation vs DDTREE budgets 4/8/16: greedy outputs of 32 prompts x 64 tokens at batch 1
-#             and 16, compared token for token (fp32 near-ties flagged, not failed)
-#   speed     none / DFLASH / DDTREE(16): ms per decode step and emitted tokens per step at batch 1/8/32
+#   measure   engines: none, DDTREE 4, 8, 16, DFLASH. equality: greedy outputs of 32 prompts x 64 tokens at
+#             batch 1 and 16 of every speculative engine against no speculation, token for token (fp32
+#             near-ties flagged, not failed); speed (none, DFLASH, DDTREE 16): ms per decode step (median,
+#             min, max of 5) and emitted tokens per step at batch 1/8/32
 # Environment: PYTHON (default python3), SITE (optional target dir already on PYTHONPATH).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-STAGE=${1:?stage: install|models|equality|speed|all}
+STAGE=${1:?stage: install|models|measure|all}
 OUT=${2:?output directory}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
@@ -57,34 +58,35 @@ print("models:", m.target_dir, m.drafter_dir, "block", m.block_size)
 PY
 }
 
-run() {  # algo budget mode
+run() {  # algo budget modes
   "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models" --algo "$1" --budget "$2" --mode "$3" \
-    --out "$OUT/$3-$1-$2.json"
+    --out "$OUT/run-$1-$2.json"
 }
 
 case "$STAGE" in
   install) install_plugin; check_plugin ;;
   models) make_models ;;
-  equality)
-    run none 0 equality
-    for b in 4 8 16; do run DDTREE "$b" equality; done
-    "$PY" bench/gpu/sglang_ddtree_compare.py --models "$OUT/models" "$OUT/equality-none-0.json" \
-      "$OUT"/equality-DDTREE-{4,8,16}.json | tee "$OUT/equality-summary.txt"
-    ;;
-  speed)
-    run none 0 speed; run DFLASH 0 speed; run DDTREE 16 speed
+  measure)
+    run none 0 equality,speed
+    for b in 4 8; do run DDTREE "$b" equality; done
+    run DDTREE 16 equality,speed
+    run DFLASH 0 equality,speed
+    "$PY" bench/gpu/sglang_ddtree_compare.py --models "$OUT/models" "$OUT/run-none-0.json" \
+      "$OUT"/run-DDTREE-{4,8,16}.json "$OUT/run-DFLASH-0.json" | tee "$OUT/equality-summary.txt"
     "$PY" - "$OUT" <<'PY' | tee "$OUT/speed-summary.txt"
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-print(f"{'algo':<12}{'batch':>6}{'ms/step':>10}{'tokens/step':>13}{'ms/token':>10}")
-for name in ("speed-none-0", "speed-DFLASH-0", "speed-DDTREE-16"):
+print("| algo | batch | ms/step median | min | max | tokens/step | ms/token |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for name in ("run-none-0", "run-DFLASH-0", "run-DDTREE-16"):
     rec = json.loads((out / f"{name}.json").read_text())
     for row in rec["speed"]:
-        label = rec["algo"] + (f"({rec['budget']})" if rec["budget"] else "")
-        print(f"{label:<12}{row['batch']:>6}{row['ms_per_step']:>10.2f}{row['tokens_per_step']:>13.2f}"
-              f"{row['ms_per_step'] / row['tokens_per_step']:>10.2f}")
+        label = rec["algo"] + (f" ({rec['budget']})" if rec["budget"] else "")
+        ms, tps = row["ms_per_step"], row["tokens_per_step"]
+        print(f"| {label} | {row['batch']} | {ms:.3f} | {row['ms_per_step_min']:.3f} | {row['ms_per_step_max']:.3f} "
+              f"| {tps:.2f} | {ms / tps:.3f} |")
 PY
     ;;
-  all) install_plugin; check_plugin; make_models; "$0" equality "$OUT"; "$0" speed "$OUT" ;;
+  all) install_plugin; check_plugin; make_models; "$0" measure "$OUT" ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

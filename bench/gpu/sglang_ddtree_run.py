@@ -7,8 +7,9 @@ Runs the REAL sglang (0.5.17 on the lent H200) with the sglang-ddtree plugin ins
         --mode equality|speed --out FILE
 
 equality: 32 prompts x 64 new tokens, greedy, at batch 1 (one request at a time) and batch 16 (16 at once).
-speed: for batch sizes 1, 8 and 32: wall time of one batched generate after a warm-up, decode steps
-(``spec_verify_ct``; completion tokens without speculation), ms/step and emitted tokens/step.
+speed: for batch sizes 1, 8 and 32: wall time of a batched generate after a warm-up, repeated ``--repeats``
+times; decode steps (``spec_verify_ct``; completion tokens without speculation), ms/step (median, min, max
+over the repeats) and emitted tokens/step. ``--mode equality,speed`` runs both on one engine.
 CUDA graphs stay on (decode graphs up to batch 32); attention backend triton.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -67,26 +69,32 @@ def run_equality(engine, vocab: int) -> dict:
     return result
 
 
-def run_speed(engine, vocab: int, algo: str) -> dict:
+def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
     rows = []
     for bs in (1, 8, 32):
         batch = prompts(vocab, bs, 32, seed=100 + bs)
         generate(engine, batch, 16)  # warm-up (graphs, allocator)
-        t0 = time.perf_counter()
-        outs = generate(engine, batch, 128)
-        wall = time.perf_counter() - t0
-        completion = [o["meta_info"]["completion_tokens"] for o in outs]
-        # decode steps per request: verify rounds with speculation, one per token without
-        steps = [
-            o["meta_info"].get("spec_verify_ct", c) if algo != "none" else c
-            for o, c in zip(outs, completion, strict=True)
-        ]
+        per_step, per_token = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            outs = generate(engine, batch, 128)
+            wall = time.perf_counter() - t0
+            completion = [o["meta_info"]["completion_tokens"] for o in outs]
+            # decode steps per request: verify rounds with speculation, one per token without
+            steps = [
+                o["meta_info"].get("spec_verify_ct", c) if algo != "none" else c
+                for o, c in zip(outs, completion, strict=True)
+            ]
+            per_step.append(1000.0 * wall / max(steps))
+            per_token.append(sum(c / s for c, s in zip(completion, steps, strict=True)) / bs)
         rows.append({
             "batch": bs,
-            "wall_s": wall,
+            "repeats": repeats,
             "steps": max(steps),
-            "ms_per_step": 1000.0 * wall / max(steps),
-            "tokens_per_step": sum(c / s for c, s in zip(completion, steps, strict=False)) / bs,
+            "ms_per_step": statistics.median(per_step),
+            "ms_per_step_min": min(per_step),
+            "ms_per_step_max": max(per_step),
+            "tokens_per_step": statistics.median(per_token),
             "accept_length_meta": [o["meta_info"].get("spec_accept_length") for o in outs][:4],
         })
     return {"speed": rows}
@@ -97,9 +105,13 @@ def main() -> int:
     ap.add_argument("--models", required=True, type=Path)
     ap.add_argument("--algo", required=True, choices=["none", "DFLASH", "DDTREE"])
     ap.add_argument("--budget", type=int, default=16)
-    ap.add_argument("--mode", required=True, choices=["equality", "speed"])
+    ap.add_argument("--mode", required=True, help="equality, speed or equality,speed")
+    ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
+    modes = args.mode.split(",")
+    if not modes or set(modes) - {"equality", "speed"}:
+        ap.error(f"--mode {args.mode!r}: use equality, speed or equality,speed")
 
     import sglang as sgl
 
@@ -108,7 +120,11 @@ def main() -> int:
     engine = sgl.Engine(**engine_kwargs(args.models, args.algo, args.budget))
     start_s = time.perf_counter() - t0
     try:
-        body = run_equality(engine, vocab) if args.mode == "equality" else run_speed(engine, vocab, args.algo)
+        body = {}
+        if "equality" in modes:
+            body.update(run_equality(engine, vocab))
+        if "speed" in modes:
+            body.update(run_speed(engine, vocab, args.algo, args.repeats))
     finally:
         engine.shutdown()
     record = {"algo": args.algo, "budget": args.budget if args.algo == "DDTREE" else None, "mode": args.mode,
@@ -116,10 +132,9 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record))
     print(f"{args.algo} budget={record['budget']} {args.mode}: wrote {args.out} (engine start {start_s:.0f} s)")
-    if args.mode == "speed":
-        for row in body["speed"]:
-            ms, tps = row["ms_per_step"], row["tokens_per_step"]
-            print(f"  batch {row['batch']:>2}: {ms:.2f} ms/step, {tps:.2f} tokens/step")
+    for row in body.get("speed", []):
+        ms, lo, hi, tps = (row[k] for k in ("ms_per_step", "ms_per_step_min", "ms_per_step_max", "tokens_per_step"))
+        print(f"  batch {row['batch']:>2}: {ms:.3f} ms/step ({lo:.3f}-{hi:.3f}), {tps:.2f} tokens/step")
     return 0
 
 
