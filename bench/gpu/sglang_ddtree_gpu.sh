@@ -58,7 +58,8 @@ print("models:", m.target_dir, m.drafter_dir, "block", m.block_size)
 PY
 }
 
-run() {  # algo budget modes
+run() {  # algo budget modes (with RESUME=1 a configuration whose JSON exists is not run again)
+  if [ "${RESUME:-0}" = 1 ] && [ -s "$OUT/run-$1-$2.json" ]; then echo "run-$1-$2.json exists: skipped"; return 0; fi
   "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models" --algo "$1" --budget "$2" --mode "$3" \
     --out "$OUT/run-$1-$2.json"
 }
