@@ -4,8 +4,9 @@
 #
 #   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
 #
-# STAGE: install | models | measure | all. measure starts 5 engines (the first about 100 s, mostly Triton JIT and
-# CUDA-graph capture, later ones about 35 s): run it as its own command to stay under a 10-minute limit.
+# STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra. measure starts
+# 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
+# own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
 #             interpreter; falls back to a hand-written dist-info when pip cannot build offline)
 #   models    tiny aligned Qwen3 target + DFlash drafter (block size 8) via sglang_ddtree.reference.tiny
@@ -13,6 +14,11 @@
 #             batch 1 and 16 of every speculative engine against no speculation, token for token (fp32
 #             near-ties flagged, not failed); speed (none, DFLASH, DDTREE 16): ms per decode step (median,
 #             min, max of 5) and emitted tokens per step at batch 1/8/32
+#   models-hybrid  tiny aligned HYBRID target (Qwen3-Next: 3 GatedDeltaNet + 1 full-attention layer, MoE MLPs)
+#             + DFlash drafter (block size 8) via make_tiny_hybrid_models, in $OUT/models-hybrid
+#   measure-hybrid  engines none and DDTREE 16 on the hybrid (radix cache off), equality only, compared
+#   measure-hybrid-extra  controls on the hybrid: DFLASH, and DDTREE 16 with SGLang's default radix cache
+#             (mamba extra_buffer); run after measure-hybrid (compares against its run-hybrid-none-0.json)
 # Environment: PYTHON (default python3), SITE (optional target dir already on PYTHONPATH).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,6 +64,27 @@ print("models:", m.target_dir, m.drafter_dir, "block", m.block_size)
 PY
 }
 
+make_hybrid_models() {
+  "$PY" - "$OUT/models-hybrid" <<'PY'
+import sys
+from sglang_ddtree.reference.tiny import make_tiny_hybrid_models
+m = make_tiny_hybrid_models(sys.argv[1], aligned=True, block_size=8)
+print("hybrid models:", m.target_dir, m.drafter_dir, "block", m.block_size, "target layers", m.target_layer_ids)
+PY
+}
+
+run_hybrid() {  # algo budget out-name [extra args] (RESUME=1 as for run)
+  if [ "${RESUME:-0}" = 1 ] && [ -s "$OUT/$3.json" ]; then echo "$3.json exists: skipped"; return 0; fi
+  "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models-hybrid" --algo "$1" --budget "$2" --mode equality \
+    --out "$OUT/$3.json" "${@:4}"
+}
+
+compare_hybrid() {  # candidate out-names
+  local files=()
+  for name in "$@"; do files+=("$OUT/$name.json"); done
+  "$PY" bench/gpu/sglang_ddtree_compare.py --models "$OUT/models-hybrid" "$OUT/run-hybrid-none-0.json" "${files[@]}"
+}
+
 run() {  # algo budget modes (with RESUME=1 a configuration whose JSON exists is not run again)
   if [ "${RESUME:-0}" = 1 ] && [ -s "$OUT/run-$1-$2.json" ]; then echo "run-$1-$2.json exists: skipped"; return 0; fi
   "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models" --algo "$1" --budget "$2" --mode "$3" \
@@ -89,5 +116,24 @@ for name in ("run-none-0", "run-DFLASH-0", "run-DDTREE-16"):
 PY
     ;;
   all) install_plugin; check_plugin; make_models; "$0" measure "$OUT" ;;
+  models-hybrid) make_hybrid_models ;;
+  measure-hybrid)
+    run_hybrid none 0 run-hybrid-none-0
+    run_hybrid DDTREE 16 run-hybrid-DDTREE-16
+    compare_hybrid run-hybrid-DDTREE-16 | tee "$OUT/equality-hybrid-summary.txt"
+    ;;
+  measure-hybrid-extra)
+    status=0
+    run_hybrid DFLASH 0 run-hybrid-DFLASH-0 || status=1
+    run_hybrid DDTREE 16 run-hybrid-DDTREE-16-radix --hybrid-radix-cache || status=1
+    done_runs=()
+    for name in run-hybrid-DFLASH-0 run-hybrid-DDTREE-16-radix; do
+      [ -f "$OUT/$name.json" ] && done_runs+=("$name")
+    done
+    if [ ${#done_runs[@]} -gt 0 ]; then
+      compare_hybrid "${done_runs[@]}" | tee "$OUT/equality-hybrid-extra-summary.txt" || status=1
+    fi
+    exit $status
+    ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

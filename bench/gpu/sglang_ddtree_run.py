@@ -10,7 +10,9 @@ equality: 32 prompts x 64 new tokens, greedy, at batch 1 (one request at a time)
 speed: for batch sizes 1, 8 and 32: wall time of a batched generate after a warm-up, repeated ``--repeats``
 times; decode steps (``spec_verify_ct``; completion tokens without speculation), ms/step (median, min, max
 over the repeats) and emitted tokens/step. ``--mode equality,speed`` runs both on one engine.
-CUDA graphs stay on (decode graphs up to batch 32); attention backend triton.
+CUDA graphs stay on (decode graphs up to batch 32); attention backend triton. A hybrid target
+(``make_tiny_hybrid_models``, detected from its config.json) runs with ``disable_radix_cache=True`` unless
+``--hybrid-radix-cache``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ def prompts(vocab: int, count: int, length: int, seed: int = 7) -> list[list[int
     return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(count)]
 
 
-def engine_kwargs(models: Path, algo: str, budget: int) -> dict:
+def is_hybrid(models: Path) -> bool:
+    """Whether the target is a linear-attention hybrid (make_tiny_hybrid_models: Qwen3-Next, GatedDeltaNet)."""
+    from sglang_ddtree.reference.tiny import is_hybrid_target
+
+    return is_hybrid_target(json.loads((models / "target" / "config.json").read_text()))
+
+
+def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool = False) -> dict:
     kwargs = dict(
         model_path=str(models / "target"),
         skip_tokenizer_init=True,
@@ -47,6 +56,11 @@ def engine_kwargs(models: Path, algo: str, budget: int) -> dict:
         kwargs.update(speculative_algorithm=algo, speculative_draft_model_path=str(models / "drafter"))
     if algo == "DDTREE":
         kwargs.update(speculative_num_draft_tokens=budget + 1)
+    if is_hybrid(models) and not hybrid_radix_cache:
+        # Hybrid target: no prefix cache, so SGLang's mamba radix cache (extra_buffer state tracking with overlap
+        # scheduling, or no_buffer without it) stays out of the equality check; --hybrid-radix-cache keeps
+        # SGLang's default (extra_buffer on CUDA).
+        kwargs.update(disable_radix_cache=True)
     return kwargs
 
 
@@ -108,6 +122,11 @@ def main() -> int:
     ap.add_argument("--mode", required=True, help="equality, speed or equality,speed")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument(
+        "--hybrid-radix-cache",
+        action="store_true",
+        help="hybrid target: keep SGLang's radix (mamba extra_buffer) cache instead of disabling it",
+    )
     args = ap.parse_args()
     modes = args.mode.split(",")
     if not modes or set(modes) - {"equality", "speed"}:
@@ -117,7 +136,8 @@ def main() -> int:
 
     vocab = json.loads((args.models / "target" / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
-    engine = sgl.Engine(**engine_kwargs(args.models, args.algo, args.budget))
+    kwargs = engine_kwargs(args.models, args.algo, args.budget, args.hybrid_radix_cache)
+    engine = sgl.Engine(**kwargs)
     start_s = time.perf_counter() - t0
     try:
         body = {}
@@ -127,8 +147,16 @@ def main() -> int:
             body.update(run_speed(engine, vocab, args.algo, args.repeats))
     finally:
         engine.shutdown()
-    record = {"algo": args.algo, "budget": args.budget if args.algo == "DDTREE" else None, "mode": args.mode,
-              "sglang": sgl.__version__, "engine_start_s": start_s, **body}
+    record = {
+        "algo": args.algo,
+        "budget": args.budget if args.algo == "DDTREE" else None,
+        "mode": args.mode,
+        "sglang": sgl.__version__,
+        "engine_start_s": start_s,
+        "hybrid": is_hybrid(args.models),
+        "disable_radix_cache": kwargs.get("disable_radix_cache", False),
+        **body,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record))
     print(f"{args.algo} budget={record['budget']} {args.mode}: wrote {args.out} (engine start {start_s:.0f} s)")

@@ -16,6 +16,12 @@ The target's lm_head is a permuted copy of its embedding and the init std is lar
 (so accepted drafts and KV compaction get exercised): the target is made nearly a bigram model (small
 attention/MLP branches, a constant embedding feature) and the drafter's attention copies the root token's
 embedding into every block position.
+
+``make_tiny_hybrid_models(out_dir)`` writes the same pair for a HYBRID target: a random Hugging Face
+``Qwen3NextForCausalLM`` (GatedDeltaNet linear-attention layers plus a full-attention layer every
+``full_attention_interval`` layers, sparse-MoE MLPs: the only text-only hybrid architecture whose SGLang 0.5.17
+model class can capture DFLASH's aux hidden states, ``Qwen3NextForCausalLM.set_dflash_layers_to_capture``), with
+the same tokenizer and the same DFlash drafter layout.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SPECIAL_TOKENS", "TinyModels", "make_tiny_models", "make_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "TinyModels", "make_tiny_hybrid_models", "make_tiny_models", "make_tokenizer"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>", "<|MASK|>"]
 EOS_TOKEN_ID = 0
@@ -143,30 +149,16 @@ def make_tiny_models(
         init_std: standard deviation of the random weights.
         with_tokenizer: write the tokenizer (False allows any vocab_size > 4, for engine-only tests).
     """
-    from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    if block_size < 2:
-        raise ValueError(f"block_size={block_size} is invalid: a DFlash block needs >= 2 tokens (e.g. 8)")
-    if dtype not in ("bfloat16", "float16", "float32"):
-        raise ValueError(f"dtype={dtype!r} is invalid: use 'bfloat16', 'float16' or 'float32'")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+    _check_common(block_size, dtype, num_heads, num_kv_heads)
     if target_layer_ids is None:
         target_layer_ids = [max(0, num_layers // 2 - 1), min(num_layers - 2, num_layers // 2)]
         target_layer_ids = sorted(set(target_layer_ids))
     if any(not 0 <= i < num_layers for i in target_layer_ids):
         raise ValueError(f"target_layer_ids={target_layer_ids} must lie in 0..{num_layers - 1}")
-    out = Path(out_dir)
-    target_dir, drafter_dir = out / "target", out / "drafter"
-    for d in (target_dir, drafter_dir):
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-
-    tokenizer = make_tokenizer(vocab_size) if with_tokenizer else None
-    if not with_tokenizer and vocab_size <= MASK_TOKEN_ID:
-        raise ValueError(f"vocab_size={vocab_size} is too small: it must exceed the mask token id {MASK_TOKEN_ID}")
+    target_dir, drafter_dir = _fresh_dirs(out_dir)
+    tokenizer = _tokenizer_or_none(vocab_size, with_tokenizer)
     torch_dtype = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(seed)
 
@@ -215,11 +207,7 @@ def make_tiny_models(
     drafter_cfg = _drafter_config(
         config, drafter_layers, block_size, target_layer_ids, num_layers, dtype, intermediate_size
     )
-    weights = _drafter_weights(drafter_cfg, gen, init_std, aligned, emb.detach().float())
-    save_file({k: v.to(torch_dtype).contiguous() for k, v in weights.items()}, str(drafter_dir / "model.safetensors"))
-    (drafter_dir / "config.json").write_text(json.dumps(drafter_cfg, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(drafter_dir)
+    _write_drafter(drafter_dir, drafter_cfg, gen, init_std, aligned, emb.detach().float(), torch_dtype, tokenizer)
     return TinyModels(
         target_dir=target_dir,
         drafter_dir=drafter_dir,
@@ -227,6 +215,205 @@ def make_tiny_models(
         block_size=block_size,
         target_layer_ids=tuple(target_layer_ids),
     )
+
+
+def make_tiny_hybrid_models(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    vocab_size: int = 2000,
+    hidden_size: int = 256,
+    num_layers: int = 4,
+    full_attention_interval: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    linear_num_key_heads: int = 2,
+    linear_num_value_heads: int = 4,
+    linear_key_head_dim: int = 64,
+    linear_value_head_dim: int = 64,
+    linear_conv_kernel_dim: int = 4,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 128,
+    shared_expert_intermediate_size: int = 256,
+    drafter_layers: int = 1,
+    drafter_intermediate_size: int = 512,
+    block_size: int = 8,
+    target_layer_ids: list[int] | None = None,
+    dtype: str = "bfloat16",
+    aligned: bool = False,
+    init_std: float = 0.07,
+    with_tokenizer: bool = True,
+) -> TinyModels:
+    """Write a tiny random hybrid (GatedDeltaNet + full attention) Qwen3-Next target and a DFlash drafter.
+
+    Layer ``i`` is full attention when ``(i + 1) % full_attention_interval == 0``, linear attention otherwise
+    (the default: 3 GatedDeltaNet layers, then 1 full-attention layer). Every layer's MLP is a sparse MoE with a
+    gated shared expert (SGLang's ``Qwen3HybridLinearDecoderLayer`` has no dense-MLP variant). The default
+    ``shared_expert_intermediate_size`` differs from ``moe_intermediate_size``, so SGLang keeps the shared
+    expert as its own MLP instead of fusing it into the routed experts. ``config.json`` also carries
+    ``full_attention_interval`` and a top-level ``rope_theta``, which SGLang's own ``Qwen3NextConfig`` reads
+    (transformers keeps only ``layer_types`` / ``rope_parameters``).
+
+    Args are as for :func:`make_tiny_models`; ``target_layer_ids`` must lie in 0..num_layers-2 (SGLang's
+    Qwen3-Next captures the input of layer ``i + 1``). ``aligned=True`` shrinks the linear-attention,
+    attention and MoE branches as well, so the aligned drafter agrees with the target at depth 1.
+    """
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    _check_common(block_size, dtype, num_heads, num_kv_heads)
+    if full_attention_interval < 1 or num_layers < full_attention_interval:
+        raise ValueError(
+            f"full_attention_interval={full_attention_interval} must be in 1..num_layers={num_layers} "
+            "(the model needs at least one full-attention layer)"
+        )
+    if linear_num_value_heads % linear_num_key_heads:
+        raise ValueError(
+            f"linear_num_value_heads={linear_num_value_heads} must be a multiple of "
+            f"linear_num_key_heads={linear_num_key_heads}"
+        )
+    if not 1 <= num_experts_per_tok <= num_experts:
+        raise ValueError(f"num_experts_per_tok={num_experts_per_tok} must be in 1..num_experts={num_experts}")
+    if target_layer_ids is None:
+        target_layer_ids = sorted({max(0, num_layers // 2 - 1), min(num_layers - 2, num_layers // 2)})
+    if any(not 0 <= i <= num_layers - 2 for i in target_layer_ids):
+        raise ValueError(
+            f"target_layer_ids={target_layer_ids} must lie in 0..{num_layers - 2} (SGLang's Qwen3-Next captures "
+            "the input of layer id + 1)"
+        )
+    target_dir, drafter_dir = _fresh_dirs(out_dir)
+    tokenizer = _tokenizer_or_none(vocab_size, with_tokenizer)
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+
+    layer_types = [
+        "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention" for i in range(num_layers)
+    ]
+    rope_theta = 1_000_000.0
+    config = Qwen3NextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=shared_expert_intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        linear_num_key_heads=linear_num_key_heads,
+        linear_num_value_heads=linear_num_value_heads,
+        linear_key_head_dim=linear_key_head_dim,
+        linear_value_head_dim=linear_value_head_dim,
+        linear_conv_kernel_dim=linear_conv_kernel_dim,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
+        moe_intermediate_size=moe_intermediate_size,
+        shared_expert_intermediate_size=shared_expert_intermediate_size,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        layer_types=layer_types,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta, "partial_rotary_factor": 0.25},
+        partial_rotary_factor=0.25,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=init_std,
+        bos_token_id=None,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=3,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            # >= 2-dim weights (projections, conv1d, experts, router) random; A_log, dt_bias and the norms keep
+            # their Qwen3-Next initialisation (zero-centred RMSNorm weights: scale 1).
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+        emb = model.model.embed_tokens.weight
+        head_scale = 1.0
+        if aligned:
+            emb.mul_(10.0)
+            emb[:, 0] = 30 * init_std
+            emb[MASK_TOKEN_ID, 0] = -30 * init_std
+            head_scale = 0.1
+            for layer in model.model.layers:
+                if hasattr(layer, "linear_attn"):
+                    layer.linear_attn.out_proj.weight.mul_(0.1)
+                else:
+                    layer.self_attn.o_proj.weight.mul_(0.1)
+                for name, p in layer.mlp.named_parameters():
+                    if "down_proj" in name:
+                        p.mul_(0.1)
+        perm = torch.randperm(vocab_size, generator=gen)
+        model.lm_head.weight.copy_(emb[perm] * head_scale)
+    model = model.to(torch_dtype)
+    _quiet_save(model, target_dir)
+    cfg_path = target_dir / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    saved.update(full_attention_interval=full_attention_interval, rope_theta=rope_theta, torch_dtype=dtype)
+    cfg_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(target_dir)
+
+    drafter_cfg = _drafter_config(
+        config, drafter_layers, block_size, target_layer_ids, num_layers, dtype, drafter_intermediate_size
+    )
+    _write_drafter(drafter_dir, drafter_cfg, gen, init_std, aligned, emb.detach().float(), torch_dtype, tokenizer)
+    return TinyModels(
+        target_dir=target_dir,
+        drafter_dir=drafter_dir,
+        vocab_size=vocab_size,
+        block_size=block_size,
+        target_layer_ids=tuple(target_layer_ids),
+    )
+
+
+def is_hybrid_target(config: dict) -> bool:
+    """Whether a target ``config.json`` (as a dict) describes a linear-attention hybrid (e.g. Qwen3-Next)."""
+    text = config.get("text_config") or config
+    types = text.get("layer_types") or text.get("layers_block_type") or []
+    return any(t in ("linear_attention", "mamba") for t in types) or text.get("model_type") in (
+        "qwen3_next",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+    )
+
+
+def _check_common(block_size: int, dtype: str, num_heads: int, num_kv_heads: int) -> None:
+    if block_size < 2:
+        raise ValueError(f"block_size={block_size} is invalid: a DFlash block needs >= 2 tokens (e.g. 8)")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype={dtype!r} is invalid: use 'bfloat16', 'float16' or 'float32'")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+
+
+def _fresh_dirs(out_dir: str | Path) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    target_dir, drafter_dir = out / "target", out / "drafter"
+    for d in (target_dir, drafter_dir):
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    return target_dir, drafter_dir
+
+
+def _tokenizer_or_none(vocab_size: int, with_tokenizer: bool):
+    tokenizer = make_tokenizer(vocab_size) if with_tokenizer else None
+    if not with_tokenizer and vocab_size <= MASK_TOKEN_ID:
+        raise ValueError(f"vocab_size={vocab_size} is too small: it must exceed the mask token id {MASK_TOKEN_ID}")
+    return tokenizer
+
+
+def _write_drafter(drafter_dir, drafter_cfg, gen, init_std, aligned, emb, torch_dtype, tokenizer) -> None:
+    from safetensors.torch import save_file
+
+    weights = _drafter_weights(drafter_cfg, gen, init_std, aligned, emb)
+    save_file({k: v.to(torch_dtype).contiguous() for k, v in weights.items()}, str(drafter_dir / "model.safetensors"))
+    (drafter_dir / "config.json").write_text(json.dumps(drafter_cfg, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(drafter_dir)
 
 
 def _quiet_save(model, path: Path) -> None:
