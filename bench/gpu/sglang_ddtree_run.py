@@ -101,16 +101,18 @@ def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
             ]
             per_step.append(1000.0 * wall / max(steps))
             per_token.append(sum(c / s for c, s in zip(completion, steps, strict=True)) / bs)
-        rows.append({
-            "batch": bs,
-            "repeats": repeats,
-            "steps": max(steps),
-            "ms_per_step": statistics.median(per_step),
-            "ms_per_step_min": min(per_step),
-            "ms_per_step_max": max(per_step),
-            "tokens_per_step": statistics.median(per_token),
-            "accept_length_meta": [o["meta_info"].get("spec_accept_length") for o in outs][:4],
-        })
+        rows.append(
+            {
+                "batch": bs,
+                "repeats": repeats,
+                "steps": max(steps),
+                "ms_per_step": statistics.median(per_step),
+                "ms_per_step_min": min(per_step),
+                "ms_per_step_max": max(per_step),
+                "tokens_per_step": statistics.median(per_token),
+                "accept_length_meta": [o["meta_info"].get("spec_accept_length") for o in outs][:4],
+            }
+        )
     return {"speed": rows}
 
 
