@@ -5,14 +5,11 @@ real pynvml first."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from module_runner import COLLECTIONS_ROOT, invoke_module
 from nvidia_recordings import recorded_gpus
 
 REPO = Path(__file__).resolve().parents[4]
@@ -20,8 +17,6 @@ FIX = REPO / "tests" / "unit" / "fixtures"
 SMI = FIX / "nvidia_smi"
 MODELS = FIX / "models"
 STAND_IN = REPO / "lab" / "stand-ins" / "nvidia-smi"
-MODULE = "ansible_collections.specdec.pivot.plugins.modules.gpu_memory"
-COLLECTIONS_ROOT = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0]).parent
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -47,28 +42,7 @@ def run_module(tmp_path):
         if recording is not None:
             env["NVIDIA_SMI_STANDIN_DIR"] = str(recording)
         env.update(extra_env or {})
-        payload = dict(args)
-        if check_mode:
-            payload["_ansible_check_mode"] = True
-        argfile = tmp_path / "args.json"
-        argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
-        proc = subprocess.run(
-            [sys.executable, "-m", MODULE, str(argfile)],
-            env=env,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-        )
-        try:
-            result = json.loads(proc.stdout)
-        except ValueError as err:
-            raise AssertionError(
-                f"module printed no JSON: rc={proc.returncode} {proc.stdout!r} {proc.stderr!r}"
-            ) from err
-        assert (proc.returncode != 0) == bool(result.get("failed")), (proc.returncode, result)
-        return result
+        return invoke_module("gpu_memory", args, env, check_mode=check_mode, cwd=tmp_path, timeout=120)
 
     return run
 

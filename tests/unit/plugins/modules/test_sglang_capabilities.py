@@ -19,17 +19,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
+from module_runner import COLLECTIONS_ROOT, invoke_module, module_name
 
 REPO = Path(__file__).resolve().parents[4]
 SHOW = REPO / "tests" / "unit" / "fixtures" / "systemctl_show"
 STAND_IN = SHOW / "systemctl-stand-in"
-MODULE = "ansible_collections.specdec.pivot.plugins.modules.sglang_capabilities"
-COLLECTIONS_ROOT = Path(importlib.util.find_spec("ansible_collections").submodule_search_locations[0]).parent
+MODULE = module_name("sglang_capabilities")
 PY_023 = REPO / ".venv" / "bin" / "python"
 PY_017 = REPO / ".venv-sglang-0.5.17" / "bin" / "python"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
@@ -110,25 +109,7 @@ def run_module(
         for src in (SHOW / "units").glob("*.service"):
             (unit_dir / src.name).write_text(src.read_text().replace("/SPECDEC_REPO", str(REPO)))
         env["SYSTEMCTL_STANDIN_UNITS"] = str(unit_dir)
-    payload = dict(args)
-    if check_mode:
-        payload["_ansible_check_mode"] = True
-    argfile = tmp / "args.json"
-    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
-    proc = subprocess.run(
-        [sys.executable, "-m", MODULE, str(argfile)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp,
-        check=False,
-    )
-    try:
-        result = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise AssertionError(f"module printed no JSON: rc={proc.returncode} {proc.stdout!r} {proc.stderr!r}") from exc
-    assert (proc.returncode != 0) == bool(result.get("failed")), (proc.returncode, result)
+    result = invoke_module("sglang_capabilities", args, env, check_mode=check_mode, cwd=tmp, timeout=600)
     log = tmp / "systemctl.log"
     result["_systemctl_calls"] = [ln.split("\t") for ln in log.read_text().splitlines()] if log.exists() else []
     return result

@@ -24,10 +24,11 @@ import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.specdec.pivot.plugins.modules import training_process as tp
+from module_runner import COLLECTIONS_ROOT, invoke_module, module_name
 
 ROOT = Path(__file__).resolve().parents[4]
-MODULE = "ansible_collections.specdec.pivot.plugins.modules.training_process"
-COLLECTIONS = next(str(Path(p)) for p in sys.path if (Path(p) / "ansible_collections" / "specdec" / "pivot").exists())
+MODULE = module_name("training_process")
+COLLECTIONS = str(COLLECTIONS_ROOT)
 NVIDIA_SMI_STANDIN = ROOT / "lab" / "stand-ins" / "nvidia-smi"
 
 
@@ -52,20 +53,7 @@ def module_env(extra: dict | None = None) -> dict:
 
 def run_module(args: dict, check: bool = False, diff: bool = False, env: dict | None = None) -> dict:
     """Run the module as Ansible would (a separate process, args as JSON on stdin); return its JSON result."""
-    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": diff}}
-    proc = subprocess.run(
-        [sys.executable, "-m", MODULE],
-        check=False,
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        env=module_env(env),
-        timeout=180,
-    )
-    assert proc.stdout.strip(), f"no JSON from the module; stderr: {proc.stderr[-3000:]}"
-    result = json.loads(proc.stdout)
-    assert proc.returncode == (1 if result.get("failed") else 0), proc.stderr[-3000:]
-    return result
+    return invoke_module("training_process", args, module_env(env), check_mode=check, diff=diff)
 
 
 def warnings_text(result: dict) -> str:
