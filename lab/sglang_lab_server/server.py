@@ -77,6 +77,28 @@ def ddtree_budget(num_draft_tokens: int | None) -> int:
     return max(1, int(num_draft_tokens) - 1)
 
 
+def derive_context_length(requested: int | None, max_position_embeddings: int | None) -> int:
+    """The served context length, checked the way SGLang's ``ModelConfig._derive_context_length`` does (0.5.23).
+
+    A ``--context-length`` above the model's ``max_position_embeddings`` makes SGLang refuse to start with a
+    ValueError, unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` is set (then it warns). The flag parses, so
+    only the start fails: the kind of fault a pivot's health check and rollback must handle.
+    """
+    derived = int(max_position_embeddings or 0) or 4096
+    if requested is None:
+        return derived
+    if requested > derived:
+        msg = (f"Warning: User-specified context_length ({requested}) is greater than the derived context_length "
+               f"({derived}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
+               f"context_length may differ from max_position_embeddings in the model's config.")
+        if os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true", "yes"):
+            logger.warning(msg)
+            return int(requested)
+        raise ValueError(f"{msg} To allow overriding this maximum, set the env var "
+                         f"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+    return int(requested)
+
+
 # --------------------------------------------------------------------------------------------------
 # Generation
 # --------------------------------------------------------------------------------------------------
@@ -105,6 +127,7 @@ class Engine:
         self.engine_name = "target-only autoregressive decoding (transformers, CPU)"
         self.engine_note = ""
         self.eos_ids: list[int] = []
+        self.context_length: int | None = None
         self.stats = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "verify_rounds": 0,
                       "accepted_tokens": 0}
 
@@ -119,6 +142,12 @@ class Engine:
         path = self.args.model_path
         if not os.path.isdir(path):
             raise FileNotFoundError(f"--model-path {path!r} is not a directory")
+        with open(os.path.join(path, "config.json")) as fh:
+            config = json.load(fh)
+        # Before any weight is read, like SGLang's ModelConfig.
+        self.context_length = derive_context_length(
+            self.args.context_length,
+            config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings"))
         t0 = time.monotonic()
         if self.algorithm == "DDTREE":
             self._load_ddtree()
@@ -181,7 +210,7 @@ class Engine:
         temperature = params.get("temperature", 1.0)
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise BadRequest(f"sampling_params.temperature must be a number >= 0, got {temperature!r}")
-        context = self.args.context_length or int(getattr(self.target.config, "max_position_embeddings", 4096))
+        context = self.context_length or int(getattr(self.target.config, "max_position_embeddings", 4096))
         if len(input_ids) + max_new > context:
             raise BadRequest(
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
@@ -285,10 +314,18 @@ class LabServer(ThreadingHTTPServer):
             "pid": os.getpid(),
             "ready": self.ready.is_set(),
             "lab_stats": dict(self.engine.stats),
-            "internal_states": [{"avg_spec_accept_length": self.engine.avg_accept_length(),
-                                 "last_gen_throughput": None}],
+            "internal_states": [self.internal_state()],
         })
         return info
+
+    def internal_state(self) -> dict[str, Any]:
+        """Like SGLang's scheduler internal state: ``avg_spec_accept_length`` (accepted tokens / verify rounds
+        since start) only when the server speculates and has verified something."""
+        state: dict[str, Any] = {"last_gen_throughput": None}
+        avg = self.engine.avg_accept_length()
+        if avg is not None:
+            state["avg_spec_accept_length"] = avg
+        return state
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -376,29 +413,50 @@ class Handler(BaseHTTPRequestHandler):
         t0 = time.monotonic()
         gen = engine.generate(input_ids, params)
         latency = time.monotonic() - t0
-        accept = (round(sum(gen.accept_lengths) / len(gen.accept_lengths), 4)
-                  if gen.accept_lengths else None)
         tps = len(gen.output_ids) / latency if latency > 0 else 0.0
-        logger.info("Generate: prompt_tokens=%d completion_tokens=%d spec_accept_length=%s "
-                    "gen_throughput=%.1f tok/s algorithm=%s", len(input_ids), len(gen.output_ids), accept,
-                    tps, self.server.algorithm_name)
-        return {
-            "text": engine.decode(gen.output_ids),
-            "output_ids": gen.output_ids,
-            "meta_info": {
-                "id": uuid.uuid4().hex,
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(gen.output_ids),
-                "finish_reason": gen.finish_reason,
-                "e2e_latency": latency,
-                "spec_verify_ct": len(gen.accept_lengths) if gen.accept_lengths else 0,
-                "spec_accept_length": accept,
-                "spec_accept_lengths": gen.accept_lengths,
-                "speculative_algorithm": (self.server.args.speculative_algorithm or "").upper() or None,
-                "speculative_algorithm_resolved": self.server.algorithm_name,
-                "lab_engine": engine.engine_name,
-            },
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": len(gen.output_ids),
+            "finish_reason": gen.finish_reason,
+            "e2e_latency": latency,
         }
+        meta.update(spec_meta_info(gen, len(gen.output_ids), self.server.args.speculative_num_draft_tokens))
+        meta.update({
+            "speculative_algorithm": (self.server.args.speculative_algorithm or "").upper() or None,
+            "speculative_algorithm_resolved": self.server.algorithm_name,
+            "lab_engine": engine.engine_name,
+        })
+        logger.info("Generate: prompt_tokens=%d completion_tokens=%d spec_accept_length=%s "
+                    "gen_throughput=%.1f tok/s algorithm=%s", len(input_ids), len(gen.output_ids),
+                    meta.get("spec_accept_length"), tps, self.server.algorithm_name)
+        return {"text": engine.decode(gen.output_ids), "output_ids": gen.output_ids, "meta_info": meta}
+
+
+def spec_meta_info(gen: Generation, completion_tokens: int, num_draft_tokens: int | None) -> dict[str, Any]:
+    """Speculative fields of ``meta_info``, named and computed as SGLang 0.5.23's TokenizerManager does.
+
+    SGLang adds them only for requests that ran verify rounds (``spec_verify_ct > 0``):
+    ``spec_accept_length`` = completion_tokens / spec_verify_ct (the bonus token included),
+    ``spec_accept_rate`` = correct drafts / proposed drafts (verify rounds x (num_draft_tokens - 1)),
+    ``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, ``spec_verify_ct``. Target-only decoding (NEXTN
+    here: the tiny model has no MTP head) reports none of them, like SGLang. ``spec_accept_lengths`` (the
+    tokens each round committed) is a LAB extension.
+    """
+    rounds = gen.accept_lengths or []
+    if not rounds:
+        return {}
+    verify_ct = len(rounds)
+    correct = sum(n - 1 for n in rounds)
+    proposed = verify_ct * (ddtree_budget(num_draft_tokens))
+    return {
+        "spec_accept_rate": round(correct / proposed, 4) if proposed else 0.0,
+        "spec_accept_length": round(completion_tokens / verify_ct, 4),
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": verify_ct,
+        "spec_accept_lengths": list(rounds),
+    }
 
 
 def _is_batch(body: dict[str, Any]) -> bool:

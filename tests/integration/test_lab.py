@@ -351,12 +351,18 @@ def test_server_ddtree_engine_is_lossless_and_reports_acceptance(host_servers) -
     plain = json.loads(http(host_servers["NEXTN"] + "/generate", body)[1])
     tree = json.loads(http(host_servers["DDTREE"] + "/generate", body)[1])
     assert tree["output_ids"] == plain["output_ids"], "greedy DDTree must equal target-only greedy decoding"
+    assert not [k for k in plain["meta_info"] if k.startswith("spec_")], "no verify rounds: no spec_* (as SGLang)"
     meta = tree["meta_info"]
     assert meta["speculative_algorithm"] == "DDTREE"
     assert meta["spec_verify_ct"] == len(meta["spec_accept_lengths"]) >= 1
     assert all(n >= 1 for n in meta["spec_accept_lengths"])
-    assert meta["spec_accept_length"] == pytest.approx(
-        sum(meta["spec_accept_lengths"]) / meta["spec_verify_ct"], abs=1e-3
+    # SGLang 0.5.23's definitions (TokenizerManager): completion tokens per verify round, bonus included;
+    # correct drafts / (rounds x (num_draft_tokens - 1)).
+    assert meta["spec_accept_length"] == pytest.approx(24 / meta["spec_verify_ct"], abs=1e-3)
+    assert meta["spec_num_correct_drafts"] == sum(n - 1 for n in meta["spec_accept_lengths"])
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * 8
+    assert meta["spec_accept_rate"] == pytest.approx(
+        meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"], abs=1e-3
     )
     info = json.loads(http(host_servers["DDTREE"] + "/get_server_info")[1])
     assert info["speculative_algorithm"] == "DDTREE" and info["lab_stand_in"] is True
@@ -386,6 +392,8 @@ def failed_starts(tiny_models: Path) -> dict[str, tuple[int, str]]:
     procs = {
         "algorithm": start_server(tiny_models, "--speculative-algorithm", "NOSUCHALGO")[0],
         "flag": start_server(tiny_models, "--no-such-flag", "1")[0],
+        # Parses, then fails at start: SGLang's ModelConfig refuses a context longer than the model's.
+        "context": start_server(tiny_models, "--context-length", "65536")[0],
     }
     outputs = {name: exit_output(proc) for name, proc in procs.items()}
     return {name: (procs[name].returncode, outputs[name]) for name in procs}
@@ -402,6 +410,13 @@ def test_server_unknown_flag_is_rejected_by_sglang_parser(failed_starts) -> None
     returncode, out = failed_starts["flag"]
     assert returncode == 2
     assert "unrecognized arguments: --no-such-flag" in out
+
+
+def test_server_context_longer_than_the_model_fails_at_start(failed_starts) -> None:
+    returncode, out = failed_starts["context"]
+    assert returncode == 1
+    assert "User-specified context_length (65536) is greater than the derived context_length (4096)" in out
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in out
 
 
 # ------------------------------------------------------------------------------------------------ the lab
