@@ -9,6 +9,10 @@
 - ``dflash_drafter_check``: a drafter's and a target's config.json -> whether the drafter is a DFlash drafter
   that fits the target, with one readable error per problem.
 - ``sglang_flag``: the value of a flag in an argv (host, port, TP size, ... of the server).
+- ``generation_compare``: two generation probes (the old server's baseline, the new server's run of the same
+  greedy prompts) -> per-prompt agreement with the first diverging token, tokens/s before and after, the
+  acceptance length, and the opt-in gate's verdict.
+- ``pip_freeze_find``: one distribution's line in a ``pip freeze`` snapshot (absent, ``==version``, ``@ url``).
 
 The new ExecStart itself is computed by ``specdec.pivot.sglang_capabilities`` (``speculative_flags``).
 """
@@ -255,6 +259,202 @@ def sglang_flag(argv: Sequence[str], names: str | Sequence[str], default: Any = 
     return value
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Baseline comparison and gate
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _first_divergence(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length when one is a prefix of the
+    other); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def generation_compare(
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+    min_speedup: Any = 0,
+    max_disagreements: Any = -1,
+    min_accept_length: Any = 0,
+) -> dict[str, Any]:
+    """Compare the new server's run of the baseline prompts with the old server's (both greedy).
+
+    ``before``/``after`` are outputs of the sglang_service role's ``generation_probe.py`` (``ok``, ``results``
+    with ``prompt``, ``output_ids``, ``text``, ``completion_tokens``, ``spec_accept_length``; ``tokens_per_s``;
+    ``server``). ``before`` may be None (no baseline was taken). Returns ``{prompts, agreeing, disagreeing,
+    per_prompt: [{index, prompt, agree, first_divergence, unit, before_tokens, after_tokens, before_text,
+    after_text}], tokens_per_s: {before, after}, speedup, accept_length: {mean_per_request, server_avg},
+    gate: {enabled, passed, failures, min_speedup, max_disagreements, min_accept_length}}``.
+
+    Greedy decoding is lossless for both algorithms, so a disagreement is a warning worth reporting (numerics
+    can differ between kernels); it fails the gate only when ``max_disagreements`` >= 0 is exceeded. The gate's
+    other limits: ``min_speedup`` > 0 (after/before tokens/s) and ``min_accept_length`` > 0 (mean of the
+    requests' ``spec_accept_length``, else the server's ``avg_spec_accept_length``). A limit that cannot be
+    evaluated (no baseline, no acceptance length reported) fails the gate, with the reason.
+    """
+    if after is not None and not isinstance(after, Mapping):
+        raise AnsibleFilterError(f"generation_compare expects the probe results as dicts, got {type(after).__name__}")
+    if before is not None and not isinstance(before, Mapping):
+        raise AnsibleFilterError(
+            f"generation_compare expects the probe results as dicts, got {type(before).__name__}"
+        )
+    try:
+        min_speedup_f = float(min_speedup or 0)
+        max_dis = int(-1 if max_disagreements is None or max_disagreements == "" else max_disagreements)
+        min_accept_f = float(min_accept_length or 0)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"generation_compare: gate limits must be numbers ({exc})") from exc
+    b_ok = bool(before and before.get("ok"))
+    a_ok = bool(after and after.get("ok"))
+    b_results = list(before.get("results") or []) if b_ok else []
+    a_results = list(after.get("results") or []) if a_ok else []
+
+    per_prompt: list[dict[str, Any]] = []
+    if b_ok and a_ok:
+        if len(b_results) != len(a_results):
+            raise AnsibleFilterError(
+                f"generation_compare: the baseline has {len(b_results)} prompts and the new run {len(a_results)}"
+            )
+        for i, (b, a) in enumerate(zip(b_results, a_results, strict=True)):
+            b_ids, a_ids = b.get("output_ids"), a.get("output_ids")
+            if isinstance(b_ids, list) and isinstance(a_ids, list):
+                div, unit = _first_divergence(b_ids, a_ids), "token"
+            else:
+                div, unit = _first_divergence(str(b.get("text") or ""), str(a.get("text") or "")), "char"
+            per_prompt.append(
+                {
+                    "index": i,
+                    "prompt": str(b.get("prompt", ""))[:200],
+                    "agree": div is None,
+                    "first_divergence": div,
+                    "unit": unit,
+                    "before_tokens": b.get("completion_tokens"),
+                    "after_tokens": a.get("completion_tokens"),
+                    "before_text": str(b.get("text") or "")[:400],
+                    "after_text": str(a.get("text") or "")[:400],
+                }
+            )
+    agreeing = sum(1 for p in per_prompt if p["agree"])
+    b_tps = _num(before.get("tokens_per_s")) if b_ok else None
+    a_tps = _num(after.get("tokens_per_s")) if a_ok else None
+    speedup = round(a_tps / b_tps, 3) if a_tps is not None and b_tps else None
+    per_request = [v for v in (_num(r.get("spec_accept_length")) for r in a_results) if v is not None]
+    server_avg = _num(((after or {}).get("server") or {}).get("avg_spec_accept_length")) if a_ok else None
+    accept = _mean(per_request) if per_request else server_avg
+
+    failures: list[str] = []
+    if not a_ok:
+        failures.append(f"the new server's probe failed: {(after or {}).get('error') or 'no result'}")
+    if min_speedup_f > 0:
+        if speedup is None:
+            failures.append(f"minimum speedup {min_speedup_f:g}x set, but there is no baseline tokens/s to compare")
+        elif speedup < min_speedup_f:
+            failures.append(
+                f"speedup {speedup:g}x ({a_tps:.1f} tok/s after vs {b_tps:.1f} before) is below the minimum "
+                f"{min_speedup_f:g}x (sglang_service_gate_min_speedup)"
+            )
+    if max_dis >= 0:
+        if not b_ok:
+            failures.append(
+                f"at most {max_dis} disagreeing prompts allowed, but there is no baseline to compare with"
+            )
+        elif len(per_prompt) - agreeing > max_dis:
+            worst = [p for p in per_prompt if not p["agree"]]
+            failures.append(
+                f"{len(worst)} of {len(per_prompt)} prompts disagree with the baseline (allowed "
+                f"{max_dis}, sglang_service_gate_max_disagreements); first: prompt {worst[0]['index']} diverges "
+                f"at {worst[0]['unit']} {worst[0]['first_divergence']}"
+            )
+    if min_accept_f > 0:
+        if accept is None:
+            failures.append(
+                f"minimum acceptance length {min_accept_f:g} set, but the server reports none "
+                "(meta_info.spec_accept_length / avg_spec_accept_length)"
+            )
+        elif accept < min_accept_f:
+            failures.append(
+                f"acceptance length {accept:g} is below the minimum {min_accept_f:g} "
+                "(sglang_service_gate_min_accept_length)"
+            )
+    enabled = min_speedup_f > 0 or max_dis >= 0 or min_accept_f > 0
+    return {
+        "baseline": b_ok,
+        "prompts": len(per_prompt),
+        "agreeing": agreeing,
+        "disagreeing": len(per_prompt) - agreeing,
+        "per_prompt": per_prompt,
+        "tokens_per_s": {"before": b_tps, "after": a_tps},
+        "speedup": speedup,
+        "accept_length": {"mean_per_request": _mean(per_request), "server_avg": server_avg, "value": accept},
+        "gate": {
+            "enabled": enabled,
+            "passed": not (enabled and failures),
+            "failures": failures if enabled else [],
+            "min_speedup": min_speedup_f,
+            "max_disagreements": max_dis,
+            "min_accept_length": min_accept_f,
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# pip freeze snapshots
+
+_CANON = re.compile(r"[-_.]+")
+_FREEZE_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(?P<rest>.*)$")
+
+
+def pip_freeze_find(text: str, name: str) -> dict[str, Any]:
+    """Find distribution ``name`` in the text of a ``pip freeze`` snapshot.
+
+    Returns ``{present, version, url, line}``: ``name==1.2`` gives the version; ``name @ file:///w/x.whl`` gives
+    the url (and the version from a wheel file name, when it is one); an editable ``-e`` line gives the url.
+    Names compare the way pip does (case-insensitive, ``-``, ``_`` and ``.`` alike). Absent: present false.
+    """
+    if not isinstance(text, str) or not isinstance(name, str) or not name:
+        raise AnsibleFilterError("pip_freeze_find expects the snapshot's text and a distribution name")
+    want = _CANON.sub("-", name).lower()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-e "):
+            egg = re.search(r"#egg=([A-Za-z0-9._-]+)", line)
+            if egg and _CANON.sub("-", egg.group(1)).lower() == want:
+                return {"present": True, "version": None, "url": line[3:].strip(), "line": line}
+            continue
+        m = _FREEZE_LINE.match(line)
+        if not m or _CANON.sub("-", m.group("name")).lower() != want:
+            continue
+        rest = m.group("rest").strip()
+        if rest.startswith("=="):
+            return {"present": True, "version": rest[2:].strip(), "url": None, "line": line}
+        if rest.startswith("@"):
+            url = rest[1:].strip()
+            version = None
+            wheel = re.search(r"/([^/]+)\.whl$", url)
+            if wheel and len(wheel.group(1).split("-")) >= 5:
+                version = wheel.group(1).split("-")[1]
+            return {"present": True, "version": version, "url": url, "line": line}
+        return {"present": True, "version": None, "url": None, "line": line}
+    return {"present": False, "version": None, "url": None, "line": None}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -263,4 +463,6 @@ class FilterModule:
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
             "sglang_flag": sglang_flag,
+            "generation_compare": generation_compare,
+            "pip_freeze_find": pip_freeze_find,
         }

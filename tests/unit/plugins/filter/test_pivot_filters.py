@@ -192,4 +192,132 @@ def test_filters_are_registered():
         "systemd_exec_lines",
         "dflash_drafter_check",
         "sglang_flag",
+        "generation_compare",
+        "pip_freeze_find",
     }
+
+
+# ---------------------------------------------------------------------------------------------- generation_compare
+def probe(outputs: list[list[int]], tps: float, accept: list[float | None] | None = None, server_avg=None) -> dict:
+    accept = accept or [None] * len(outputs)
+    return {
+        "ok": True,
+        "error": "",
+        "tokens_per_s": tps,
+        "server": {"speculative_algorithm": "X", "avg_spec_accept_length": server_avg},
+        "results": [
+            {"prompt": f"p{i}", "output_ids": ids, "text": " ".join(map(str, ids)), "completion_tokens": len(ids),
+             "spec_accept_length": acc}
+            for i, (ids, acc) in enumerate(zip(outputs, accept, strict=True))
+        ],
+    }
+
+
+def test_compare_agreement_and_first_divergence():
+    before = probe([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]], 100.0)
+    after = probe([[1, 2, 3, 4], [5, 6, 0, 8], [9, 9, 1]], 150.0, [2.5, 3.5, None], server_avg=2.0)
+    out = f.generation_compare(before, after)
+    assert (out["prompts"], out["agreeing"], out["disagreeing"]) == (3, 1, 2)
+    assert [p["first_divergence"] for p in out["per_prompt"]] == [None, 2, 2]  # prefix: the shorter length
+    assert [p["agree"] for p in out["per_prompt"]] == [True, False, False]
+    assert out["per_prompt"][1]["unit"] == "token"
+    assert out["tokens_per_s"] == {"before": 100.0, "after": 150.0}
+    assert out["speedup"] == 1.5
+    assert out["accept_length"] == {"mean_per_request": 3.0, "server_avg": 2.0, "value": 3.0}
+    assert out["gate"] == {"enabled": False, "passed": True, "failures": [], "min_speedup": 0.0,
+                           "max_disagreements": -1, "min_accept_length": 0.0}
+
+
+def test_compare_falls_back_to_text_and_server_average():
+    before = probe([[1, 2]], 10.0)
+    after = probe([[1, 2]], 10.0, server_avg=1.75)
+    for r in before["results"] + after["results"]:
+        del r["output_ids"]
+    after["results"][0]["text"] = "1 3"
+    out = f.generation_compare(before, after)
+    assert out["per_prompt"][0] | {"before_text": None, "after_text": None} == {
+        "index": 0, "prompt": "p0", "agree": False, "first_divergence": 2, "unit": "char", "before_tokens": 2,
+        "after_tokens": 2, "before_text": None, "after_text": None}
+    assert out["accept_length"]["value"] == 1.75
+
+
+@pytest.mark.parametrize(
+    ("limits", "passed", "needle"),
+    [
+        ((1.2, -1, 0), True, None),
+        ((2.0, -1, 0), False, r"speedup 1.5x .* below the minimum 2x"),
+        ((0, 0, 0), False, r"1 of 2 prompts disagree .*allowed 0.*prompt 1 diverges at token 1"),
+        ((0, 1, 0), True, None),
+        ((0, -1, 3.0), True, None),
+        ((0, -1, 3.5), False, r"acceptance length 3.25 is below the minimum 3.5"),
+    ],
+)
+def test_compare_gate_limits(limits, passed, needle):
+    before = probe([[1, 2], [3, 4]], 10.0)
+    after = probe([[1, 2], [3, 5]], 15.0, [3.0, 3.5])
+    gate = f.generation_compare(before, after, *limits)["gate"]
+    assert gate["enabled"] and gate["passed"] is passed
+    if needle:
+        assert len(gate["failures"]) == 1 and re.search(needle, gate["failures"][0]), gate["failures"]
+    else:
+        assert gate["failures"] == []
+
+
+def test_compare_gate_fails_when_it_cannot_be_evaluated():
+    after = probe([[1, 2]], 15.0)  # no acceptance length reported
+    out = f.generation_compare(None, after, 1.1, 0, 2.0)
+    assert out["baseline"] is False and out["prompts"] == 0 and out["speedup"] is None
+    fails = out["gate"]["failures"]
+    assert not out["gate"]["passed"] and len(fails) == 3
+    assert "no baseline tokens/s" in fails[0] and "no baseline to compare" in fails[1]
+    assert "reports none" in fails[2]
+    # Without a gate, a missing baseline is only reported.
+    assert f.generation_compare(None, after)["gate"]["passed"] is True
+
+
+def test_compare_failed_probe_fails_an_enabled_gate_only():
+    failed = {"ok": False, "error": "connection refused", "results": []}
+    assert f.generation_compare(probe([[1]], 1.0), failed)["gate"]["passed"] is True
+    gate = f.generation_compare(probe([[1]], 1.0), failed, 0, 0)["gate"]
+    assert not gate["passed"] and "probe failed: connection refused" in gate["failures"][0]
+
+
+def test_compare_refuses_mismatched_prompt_sets_and_bad_limits():
+    with pytest.raises(AnsibleFilterError, match="baseline has 2 prompts and the new run 1"):
+        f.generation_compare(probe([[1], [2]], 1.0), probe([[1]], 1.0))
+    with pytest.raises(AnsibleFilterError, match="gate limits must be numbers"):
+        f.generation_compare(probe([[1]], 1.0), probe([[1]], 1.0), "fast")
+    with pytest.raises(AnsibleFilterError, match="as dicts"):
+        f.generation_compare(probe([[1]], 1.0), [1])
+
+
+# ---------------------------------------------------------------------------------------------- pip_freeze_find
+FREEZE = """pip==24.0
+Sglang_DDTree @ file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl
+torch==2.13.0+cpu
+-e git+https://example.invalid/x.git@abc#egg=editable_pkg
+sglang[all]==0.5.23
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("torch", {"present": True, "version": "2.13.0+cpu", "url": None, "line": "torch==2.13.0+cpu"}),
+        ("sglang-ddtree", {"present": True, "version": "0.1.0",
+                           "url": "file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl",
+                           "line": FREEZE.splitlines()[1]}),
+        ("sglang", {"present": True, "version": "0.5.23", "url": None, "line": "sglang[all]==0.5.23"}),
+        ("editable.pkg", {"present": True, "version": None, "url": "git+https://example.invalid/x.git@abc#egg=editable_pkg",
+                          "line": FREEZE.splitlines()[3]}),
+        ("sglang-ddtre", {"present": False, "version": None, "url": None, "line": None}),
+    ],
+)
+def test_pip_freeze_find(name, expected):
+    assert f.pip_freeze_find(FREEZE, name) == expected
+
+
+def test_pip_freeze_find_needs_text_and_name():
+    with pytest.raises(AnsibleFilterError, match="snapshot's text"):
+        f.pip_freeze_find(None, "x")
+    assert f.pip_freeze_find("", "x")["present"] is False
