@@ -1,10 +1,11 @@
 """Is this wheel's content installed in this interpreter? Run with SGLang's own interpreter on the host.
 
-Usage: installed_state.py DIST_NAME WHEEL_PATH
+Usage: installed_state.py DIST_NAME [WHEEL_PATH]
 Prints one JSON line: {"installed", "version", "same_content", "differing", "direct_url"}. ``same_content`` compares
 every file the wheel's RECORD lists (sha256) with the installed distribution's RECORD, so a rebuilt wheel with
 the same version but other bytes counts as different, and an unchanged one as the same (pip does not always
-record the archive's hash in direct_url.json). Read-only.
+record the archive's hash in direct_url.json). Without WHEEL_PATH only ``installed`` and ``version`` are
+meaningful (``same_content`` is false). Read-only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def record_hashes(text: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    name, wheel = argv[1], argv[2]
+    name, wheel = argv[1], (argv[2] if len(argv) > 2 else "")
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
@@ -38,11 +39,13 @@ def main(argv: list[str]) -> int:
             )
         )
         return 0
-    with zipfile.ZipFile(wheel) as zf:
-        record_name = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-        wanted = record_hashes(zf.read(record_name).decode())
-    have = record_hashes(dist.read_text("RECORD") or "")
-    differing = sorted(path for path, digest in wanted.items() if have.get(path) != digest)
+    differing = ["(no wheel given)"]
+    if wheel:
+        with zipfile.ZipFile(wheel) as zf:
+            record_name = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+            wanted = record_hashes(zf.read(record_name).decode())
+        have = record_hashes(dist.read_text("RECORD") or "")
+        differing = sorted(path for path, digest in wanted.items() if have.get(path) != digest)
     direct_url = json.loads(dist.read_text("direct_url.json") or "null")
     print(
         json.dumps(
