@@ -30,7 +30,12 @@ stage "ansible-doc, collection build, ansible-test sanity"
 bash scripts/sanity.sh
 
 stage "lab integration tests (docker containers with systemd)"
-SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration
+SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py
+
+# The pivot's fault scenarios, interrupted runs and playbooks/rollback.yml, through the real playbooks against the
+# same lab containers (one set-up for all of them; ~15 min).
+stage "pivot fault scenarios, interrupted runs, rollback (lab)"
+SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 
 for scenario in $(ls molecule 2>/dev/null); do
   [ -f "molecule/$scenario/molecule.yml" ] || continue

@@ -1,0 +1,240 @@
+"""Helpers for tests that drive the pivot's playbooks against the lab (lab/: containers ct200 and pro6000).
+
+Everything here touches only the local lab containers (docker exec) and loopback; inventories/lab only.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "lab"
+PLAYBOOK_BIN = REPO / ".venv" / "bin" / "ansible-playbook"
+INVENTORY = REPO / "inventories" / "lab"
+TRAINING, INFERENCE = "ct200", "pro6000"
+UNIT = "sglang.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+STATE_DIR = "/var/lib/specdec-pivot"
+VENV_PY = "/opt/sglang/venv/bin/python"
+TRAIN_SCRIPT = "/opt/train/train_dflash_pipeline.py"
+REPORT_SCHEMA = REPO / "playbooks" / "schemas" / "pivot-report.schema.json"
+PORT = int(os.environ.get("SPECDEC_LAB_PORT", "30000"))
+URL = f"http://127.0.0.1:{PORT}"
+RECAP_RE = re.compile(r"^(\S+)\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
+                      r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
+
+
+# ------------------------------------------------------------------------------------------------ processes
+def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def sh(name: str, script: str, check: bool = True, timeout: float = 120) -> str:
+    return docker("exec", name, "sh", "-c", script, check=check, timeout=timeout).stdout
+
+
+def up(*ansible_args: str) -> None:
+    """lab/up.sh: the lab's initial state (the caller holds the lab lock)."""
+    proc = subprocess.run(["bash", str(LAB / "up.sh"), "--", *ansible_args], check=False, capture_output=True,
+                          text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, f"lab/up.sh failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+
+
+def reset(*ansible_args: str) -> None:
+    """A host the pivot never touched: the initial state and no records, backups or plugin."""
+    up("-e", "lab_clear_pivot_state=true", *ansible_args)
+
+
+@dataclasses.dataclass
+class Run:
+    rc: int
+    out: str
+    report_dir: Path
+    seconds: float
+
+    @property
+    def recap(self) -> dict[str, dict[str, int]]:
+        keys = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
+        return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]), strict=True)) for m in RECAP_RE.finditer(self.out)}
+
+    def report(self, name: str = "pivot-report.json") -> dict:
+        """A report this run wrote; pivot-report.json is validated against its documented schema."""
+        path = self.report_dir / name
+        assert path.exists(), f"no {path}; output:\n{self.out[-3000:]}"
+        data = json.loads(path.read_text())
+        if name == "pivot-report.json":
+            import jsonschema
+
+            jsonschema.validate(data, json.loads(REPORT_SCHEMA.read_text()))
+        return data
+
+    def tail(self, n: int = 6000) -> str:
+        return self.out[-n:]
+
+
+def playbook(name: str, *args: str, report_dir: Path, timeout: float = 900,
+             interrupt_on: str | None = None, interrupt_signal: int = signal.SIGINT) -> Run:
+    """ansible-playbook -i inventories/lab playbooks/NAME ARGS. With ``interrupt_on``, the run is interrupted
+    (``interrupt_signal`` to its process group, like Ctrl-C or a lost session) as soon as that text appears in its
+    output; the result's rc is then whatever the interrupted run returned."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               PYTHONUNBUFFERED="1")
+    env.pop("PIVOT_REPORT_DIR", None)
+    cmd = [str(PLAYBOOK_BIN), "-i", str(INVENTORY), str(REPO / "playbooks" / name),
+           "-e", f"pivot_report_dir={report_dir}", *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    deadline = t0 + timeout
+    assert proc.stdout is not None
+    interrupted = False
+    for line in proc.stdout:
+        lines.append(line)
+        if interrupt_on and not interrupted and interrupt_on in line:
+            os.killpg(proc.pid, interrupt_signal)
+            interrupted = True
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{name} ran over {timeout} s:\n{''.join(lines)[-4000:]}")
+    rc = proc.wait(timeout=60)
+    out = "".join(lines)
+    if interrupt_on:
+        assert interrupted, f"{name} never printed {interrupt_on!r}:\n{out[-4000:]}"
+    return Run(rc, out, report_dir, time.monotonic() - t0)
+
+
+# ------------------------------------------------------------------------------------------------ state
+def unit_show(*props: str) -> dict[str, str]:
+    out = sh(INFERENCE, f"systemctl show {UNIT} " + " ".join(f"-p {p}" for p in props))
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def training_pids() -> list[int]:
+    out = sh(TRAINING, "ps -eo pid=,args=")
+    return sorted(int(line.split(None, 1)[0]) for line in out.splitlines() if TRAIN_SCRIPT in line)
+
+
+def plugin_version() -> str | None:
+    out = sh(INFERENCE, f"{VENV_PY} -m pip show sglang-ddtree 2>/dev/null | sed -n 's/^Version: //p'", check=False)
+    return out.strip() or None
+
+
+def files_with_hashes(name: str, pattern: str) -> dict[str, str]:
+    """path -> 'sha1 mtime' of the files matching a shell glob/dir in the container (missing: empty)."""
+    out = sh(name, f"for f in $(find {pattern} -type f 2>/dev/null | sort); do "
+                   "printf '%s %s %s\\n' \"$f\" \"$(sha1sum < \"$f\" | cut -c1-40)\" \"$(stat -c %Y \"$f\")\"; done",
+             check=False)
+    return {p: f"{h} {m}" for p, h, m in (line.split(" ", 2) for line in out.splitlines() if line.strip())}
+
+
+def unit_backups() -> dict[str, str]:
+    return {p: v for p, v in files_with_hashes(INFERENCE, "/etc/systemd/system").items()
+            if p.startswith(UNIT_PATH + ".") and p.endswith("~")}
+
+
+def state() -> dict:
+    """Everything a pivot could change, on both hosts."""
+    svc = unit_show("MainPID", "ActiveState", "NRestarts", "ActiveEnterTimestampMonotonic", "ExecMainPID")
+    return {
+        "training_pids": training_pids(),
+        "supervisor": sh(TRAINING, "systemctl is-enabled dflash-train.service 2>/dev/null; "
+                                   "systemctl is-active dflash-train.service 2>/dev/null", check=False).split(),
+        "unit_sha1": sh(INFERENCE, f"sha1sum {UNIT_PATH}").split()[0],
+        "service": svc,
+        "plugin": plugin_version(),
+        "state_dir": files_with_hashes(INFERENCE, STATE_DIR),
+        "backups": unit_backups(),
+    }
+
+
+def server_info() -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(URL + "/get_server_info", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def healthy() -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(URL + "/health", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_for(predicate: Callable[[], object], seconds: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + seconds
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not true within {seconds} s (last value {last!r})")
+
+
+# ------------------------------------------------------------------------------------------------ wheels
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def rewrite_wheel(src: Path, out_dir: Path, version: str | None = None,
+                  entry_points: str | None = None) -> Path:
+    """A copy of a wheel with another version and/or entry_points.txt, its RECORD recomputed (a valid wheel)."""
+    name, old_version = src.name.split("-")[:2]
+    version = version or old_version
+    old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
+    files: dict[str, bytes] = {}
+    with zipfile.ZipFile(src) as zf:
+        for item in zf.namelist():
+            data = zf.read(item)
+            new = item.replace(old_info, new_info, 1) if item.startswith(old_info) else item
+            if new == new_info + "METADATA":
+                data = re.sub(rb"(?m)^Version: .*$", b"Version: " + version.encode(), data)
+            if new == new_info + "entry_points.txt" and entry_points is not None:
+                data = entry_points.encode()
+            files[new] = data
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for path, data in files.items():
+        if path != new_info + "RECORD":
+            writer.writerow([path, _record_hash(data), len(data)])
+    writer.writerow([new_info + "RECORD", "", ""])
+    files[new_info + "RECORD"] = record.getvalue().encode()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / src.name.replace(f"-{old_version}-", f"-{version}-", 1)
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return dest
+
+
+def built_wheel() -> Path:
+    """The wheel the pivot builds (the controller's cache; built by the first pivot run of the session)."""
+    out = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), str(REPO / "roles/ddtree_plugin/files/build_wheel.py"),
+         str(REPO / "sglang-ddtree"),
+         str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec.pivot" / "wheels")],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    return Path(json.loads(out)["wheel"])

@@ -1,0 +1,357 @@
+"""Fault scenarios of the pivot, driven through the real playbooks against the lab (lab/: ct200 and pro6000).
+
+Each test runs ``ansible-playbook -i inventories/lab playbooks/{pivot,rollback}.yml`` with a fault injected by
+variables or lab state, and asserts the outcome on both hosts (processes, unit file, systemd state, installed
+plugin, the pivot's records) and in the report. One lab, reset only where a scenario needs the initial state; the
+tests run in file order and each states what it starts from.
+
+| scenario | test |
+|---|---|
+| ``--check --diff``: the plan is shown, no host changes | test_check_diff_shows_the_plan_and_changes_nothing |
+| bad variables: budget 0 / 64, missing drafter, unknown unit, a flag SGLang refuses | test_bad_variables_... |
+| GPU fit fails in preflight: nothing changed on any host | test_gpu_fit_failure_changes_nothing |
+| training restarted by a supervisor: clear failure; disabled when asked | test_supervisor_... |
+| plugin install fails (a wheel SGLang cannot load): old service never stopped, plugin put back | test_bad_wheel_... |
+| new flags make the server exit at start: old unit restored, healthy, the reason named | test_server_exits_... |
+| health never comes up within the timeout: same | test_health_timeout_rolls_back |
+| the opt-in gate fails: same rollback | test_gate_failure_rolls_back |
+| interrupted pivot (Ctrl-C after the unit changed; lost session while the new server starts) converges, unit
+  records and backups are kept, never overwritten | test_interrupted_... |
+| playbooks/rollback.yml restores the NEXTN unit and the plugin (removed, or the previous version), idempotent,
+  honest --check | test_rollback_... |
+
+A training job that ignores SIGTERM (SIGKILL escalation) is covered by molecule/training_halt (molecule-th-stubborn).
+
+Without a docker engine or the lab image these FAIL when SPECDEC_REQUIRE_LAB is set (CI), else they are skipped.
+Run: ``SPECDEC_REQUIRE_LAB=1 .venv/bin/python -m pytest -q tests/integration/test_pivot_faults.py`` (~12 min).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import labkit as lk
+import pytest
+
+REQUIRE_LAB = bool(os.environ.get("SPECDEC_REQUIRE_LAB"))
+IMAGE = os.environ.get("SPECDEC_LAB_IMAGE", "specdec-pivot-lab:bookworm")
+SEEN: dict = {}  # facts one test leaves for a later one (the tests run in file order on one lab)
+
+
+def unavailable(reason: str) -> None:
+    if REQUIRE_LAB:
+        pytest.fail(f"{reason}; SPECDEC_REQUIRE_LAB is set, so the lab must run here")
+    pytest.skip(f"{reason}; set SPECDEC_REQUIRE_LAB=1 to make this a failure")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[None]:
+    if shutil.which("docker") is None:
+        unavailable("no docker client on PATH (lab/setup-docker.sh installs docker.io)")
+    if lk.docker("info", check=False, timeout=30).returncode != 0:
+        unavailable("no docker engine answers (lab/setup-docker.sh starts one)")
+    if lk.docker("image", "inspect", IMAGE, check=False).returncode != 0:
+        unavailable(f"the lab image {IMAGE} is missing (lab/setup-docker.sh builds it)")
+    if not lk.PLAYBOOK_BIN.exists():
+        unavailable(".venv/bin/ansible-playbook is missing (make setup-python)")
+    with open(os.environ.get("SPECDEC_LAB_LOCK", "/tmp/specdec-lab.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the lab is shared: one user at a time (lab/lab.env)
+        os.environ["SPECDEC_LAB_LOCKED"] = "1"
+        try:
+            lk.reset()
+            SEEN["pristine"] = lk.state()
+            SEEN["seed_unit"] = lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+            yield
+        finally:
+            os.environ.pop("SPECDEC_LAB_LOCKED", None)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pivot(tmp_path: Path, *args: str, **kw) -> lk.Run:
+    return lk.playbook("pivot.yml", *args, report_dir=tmp_path / "reports", **kw)
+
+
+def rollback(tmp_path: Path, *args: str, **kw) -> lk.Run:
+    return lk.playbook("rollback.yml", *args, report_dir=tmp_path / "reports", **kw)
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    """Nothing a pivot could change did change (the same processes, unit, plugin, records)."""
+    assert after == before, f"the lab changed:\nbefore {before}\nafter  {after}"
+
+
+def assert_nextn_serving() -> None:
+    assert lk.healthy(), "the old server must be healthy again"
+    info = lk.server_info()
+    assert info["speculative_algorithm"] == "NEXTN", info
+    assert lk.unit_show("ActiveState")["ActiveState"] == "active"
+    assert lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}") == SEEN["seed_unit"], "the unit must be the seed's again"
+
+
+def assert_rolled_back(run: lk.Run, reason: str) -> dict:
+    assert run.rc != 0, run.tail()
+    report = run.report()
+    assert report["status"] == "failed"
+    [failure] = report["failures"]
+    assert failure["host"] == lk.INFERENCE and failure["phase"] == "sglang_service"
+    assert reason in failure["msg"], failure["msg"]
+    assert "Rolled back: the previous unit was restored from" in failure["msg"]
+    svc = report["inference"][0]["service"]
+    assert svc["rollback"]["performed"] is True and svc["rollback"]["healthy"] is True, svc["rollback"]
+    assert svc["rollback"]["restored_from"].startswith(f"{lk.STATE_DIR}/units/{lk.UNIT}.")
+    assert report["summary"]["rolled_back"] == [lk.INFERENCE]
+    assert f"the pivot failed: {lk.INFERENCE}: sglang_service: switching {lk.UNIT}" in run.out
+    assert_nextn_serving()
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ no change at all
+def test_check_diff_shows_the_plan_and_changes_nothing(lab, tmp_path) -> None:
+    run = pivot(tmp_path, "--check", "--diff")
+    assert run.rc == 0, run.tail()
+    # The plan: old vs new ExecStart, and the unit file's diff.
+    assert "old ExecStart: /opt/sglang/venv/bin/python -m sglang_lab_server" in run.out
+    assert "--speculative-algorithm DDTREE --speculative-draft-model-path /models/Qwen3-tiny-DFlash" in run.out
+    assert "+    --speculative-algorithm DDTREE \\" in run.out
+    assert "-    --speculative-algorithm NEXTN \\" in run.out
+    report = run.report()
+    assert report["status"] == "check" and report["check_mode"] is True and report["failures"] == []
+    assert report["inference"][0]["plan"]["new_exec_start"].endswith("--speculative-num-draft-tokens 17")
+    assert report["inference"][0]["plan"]["args_check"]["ok"] is True
+    assert_unchanged(SEEN["pristine"], lk.state())
+    # rollback.yml on a host the pivot never touched: nothing to do, in --check and for real.
+    for args in (["--check", "--diff"], []):
+        rb = rollback(tmp_path, *args)
+        assert rb.rc == 0 and rb.recap[lk.INFERENCE]["changed"] == 0, rb.tail()
+        assert rb.report("rollback-report.json")["hosts"][0]["nothing_to_do"] is True
+    assert_unchanged(SEEN["pristine"], lk.state())
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-e", "sglang_preflight_budget=0"], "sglang_preflight_budget=0 is out of range"),
+        (["-e", "sglang_preflight_budget=64"], "must be an integer from 1 to 63"),
+        (["-e", "sglang_preflight_drafter_path=/models/no-such-drafter"],
+         "missing config.json on pro6000: /models/no-such-drafter"),
+        (["-e", "sglang_preflight_unit=no-such-sglang.service"],
+         "unit no-such-sglang.service on pro6000 is not a loaded unit"),
+        (["-e", '{"sglang_preflight_extra_args": ["--no-such-flag", "1"]}'],
+         "own parser refuses the new command line on pro6000: unrecognized arguments: --no-such-flag 1"),
+    ],
+    ids=["budget-0", "budget-64", "missing-drafter", "unknown-unit", "flag-sglang-refuses"],
+)
+def test_bad_variables_fail_in_preflight_before_any_change(lab, tmp_path, extra, message) -> None:
+    run = pivot(tmp_path, *extra)
+    assert run.rc != 0
+    assert message in run.out, run.tail()
+    assert_unchanged(SEEN["pristine"], lk.state())
+
+
+def test_gpu_fit_failure_changes_nothing(lab, tmp_path) -> None:
+    # A context length the GPUs' memory cannot hold (the recorded H200 pair, the tiny model's KV cache).
+    run = pivot(tmp_path, "-e", '{"sglang_preflight_extra_args": ["--context-length", "1000000000"]}')
+    assert run.rc != 0
+    assert "target + drafter do not fit the GPUs of pro6000" in run.out, run.tail()
+    assert "context_length needs 1,000,000,000" in run.out
+    assert_unchanged(SEEN["pristine"], lk.state())
+
+
+# ------------------------------------------------------------------------------------------------ training side
+def test_supervisor_restarting_the_job_is_a_clear_failure(lab, tmp_path) -> None:
+    lk.up("--limit", lk.TRAINING, "-e", "lab_training_supervisor=true")
+    before = lk.state()
+    assert before["supervisor"] == ["enabled", "active"] and len(before["training_pids"]) == 3
+    run = pivot(tmp_path, "--limit", lk.TRAINING, "-e", "training_halt_settle_s=6")
+    assert run.rc != 0
+    assert "matching processes are running again" in run.out, run.tail()
+    assert "Set training_halt_supervisor_unit to the systemd unit that starts it" in run.out
+    report = run.report()
+    assert report["failures"][0]["host"] == lk.TRAINING and report["failures"][0]["phase"] == "training_halt"
+    after = lk.state()
+    assert after["supervisor"] == ["enabled", "active"] and len(after["training_pids"]) == 3
+    assert set(after["training_pids"]).isdisjoint(before["training_pids"]), "the supervisor started a new job"
+    assert {k: after[k] for k in ("unit_sha1", "service", "plugin", "state_dir")} == {
+        k: before[k] for k in ("unit_sha1", "service", "plugin", "state_dir")}, "pro6000 must not be touched"
+
+
+def test_supervisor_is_stopped_and_disabled_when_named(lab, tmp_path) -> None:
+    run = pivot(tmp_path, "--limit", lk.TRAINING, "-e", "training_halt_supervisor_unit=dflash-train.service")
+    assert run.rc == 0, run.tail()
+    after = lk.state()
+    assert after["supervisor"] == ["disabled", "inactive"]
+    assert after["training_pids"] == []
+    halt = run.report()["training"][0]
+    assert halt["halt"]["supervisor_unit"] == "dflash-train.service" and halt["halt"]["supervisor_changed"] is True
+    assert "supervisor dflash-train.service stopped and disabled first" in halt["stopped_how"]
+    assert halt["halt"]["final_step"] is not None and halt["halt"]["checkpoint"]["path"].startswith("/opt/train/")
+    again = pivot(tmp_path, "--limit", lk.TRAINING, "-e", "training_halt_supervisor_unit=dflash-train.service")
+    assert again.rc == 0 and again.recap[lk.TRAINING]["changed"] == 0, again.tail()
+
+
+# ------------------------------------------------------------------------------------------------ plugin
+def test_bad_wheel_never_stops_the_old_service(lab, tmp_path) -> None:
+    lk.reset()
+    good = lk.built_wheel()
+    bad = lk.rewrite_wheel(good, tmp_path / "wheels", version="0.1.0+broken",
+                           entry_points="[sglang.srt.plugins]\nddtree = sglang_ddtree.no_such_module:register\n")
+    before = lk.state()
+    run = pivot(tmp_path, "-e", f"ddtree_plugin_wheel={bad}")
+    assert run.rc != 0
+    report = run.report()
+    [failure] = report["failures"]
+    assert failure["phase"] == "ddtree_plugin", failure
+    assert "does not register DDTREE" in failure["msg"] and "The SGLang service was not touched" in failure["msg"]
+    assert "The previous state was put back (uninstall: not installed" in failure["msg"]
+    plugin = report["inference"][0]["plugin"]
+    assert plugin["failed"] is True and plugin["restored"]["action"] == "uninstall"
+    assert report["inference"][0]["service"] is None, "the switch must not run"
+    after = lk.state()
+    assert after["service"] == before["service"], "the old server was never stopped (same PID, start, restarts)"
+    assert after["unit_sha1"] == before["unit_sha1"]
+    assert after["plugin"] is None, "the broken plugin was removed again"
+    assert after["training_pids"] == [], "training was halted before the plugin phase"
+    assert lk.server_info()["speculative_algorithm"] == "NEXTN"
+
+
+# ------------------------------------------------------------------------------------------------ switch + rollback
+def test_server_exits_at_start_rolls_back(lab, tmp_path) -> None:
+    # Starts from: training halted, NEXTN, no plugin (the test above). The flag parses (SGLang's parser accepts it),
+    # then SGLang's ModelConfig refuses a context longer than the model's 4096 at start.
+    run = pivot(tmp_path, "-e", '{"sglang_preflight_extra_args": ["--context-length", "65536"]}')
+    report = assert_rolled_back(run, "did not become healthy: the server exited")
+    assert "User-specified context_length (65536) is greater than the derived context_length (4096)" in run.out
+    svc = report["inference"][0]["service"]
+    assert svc["health"]["healthy"] is False and svc["health"]["journal_errors"]
+    assert svc["baseline"]["before"]["ok"] is True and svc["baseline"]["comparison"] is None
+    assert lk.plugin_version() == "0.1.0", "a failed switch rolls the unit back; the plugin stays (rollback.yml)"
+    records = lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units")
+    assert len(records) == 2, records  # the seed unit's copy and its description
+    SEEN["records"] = records
+    SEEN["backups"] = lk.unit_backups()
+    assert len(SEEN["backups"]) == 1
+
+
+def test_health_timeout_rolls_back(lab, tmp_path) -> None:
+    run = pivot(tmp_path, "-e", "sglang_service_health_timeout=1", "-e", "sglang_service_rollback_health_timeout=180")
+    assert_rolled_back(run, "no 200 from http://127.0.0.1:30000/health within 1 s")
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"], "records kept as they were"
+    backups = lk.unit_backups()
+    assert {k: backups[k] for k in SEEN["backups"]} == SEEN["backups"], "earlier backups are never overwritten"
+    assert len(backups) == 2
+    SEEN["backups"] = backups
+
+
+def test_gate_failure_rolls_back(lab, tmp_path) -> None:
+    run = pivot(tmp_path, "-e", "sglang_service_gate_min_speedup=100")
+    report = assert_rolled_back(run, "Apply the gate: the gate failed on pro6000: speedup")
+    svc = report["inference"][0]["service"]
+    assert svc["rollback"]["gate"] is True
+    assert svc["gate"]["enabled"] is True and svc["gate"]["passed"] is False
+    comparison = svc["baseline"]["comparison"]
+    # Greedy decoding: the DDTREE server (the plugin's reference engine) agrees with the NEXTN server token by token.
+    assert comparison["prompts"] == 5 and comparison["agreeing"] == 5, comparison["per_prompt"]
+    assert comparison["tokens_per_s"]["before"] > 0 and comparison["tokens_per_s"]["after"] > 0
+    assert comparison["accept_length"]["value"] >= 1.0
+    assert report["summary"]["gate_failed"] == [lk.INFERENCE]
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"]
+    backups = lk.unit_backups()
+    assert {k: backups[k] for k in SEEN["backups"]} == SEEN["backups"]
+
+
+# ------------------------------------------------------------------------------------------------ interrupted runs
+def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
+    # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs.
+    first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Reload systemd's view of the unit]")
+    assert first.rc != 0
+    assert "--speculative-algorithm DDTREE" in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+    assert lk.server_info()["speculative_algorithm"] == "NEXTN"
+    backups_after_first = lk.unit_backups()
+
+    again = pivot(tmp_path)
+    assert again.rc == 0, again.tail()
+    report = again.report()
+    plan = report["inference"][0]["plan"]
+    assert plan["unit_changes"] is False and plan["needs_restart"] is True  # the file changed earlier
+    assert "--speculative-algorithm NEXTN" in plan["pre_pivot_exec_start"]
+    svc = report["inference"][0]["service"]
+    assert svc["restarted"] is True and svc["downtime_s"] > 0
+    assert svc["baseline"]["before"]["server"]["speculative_algorithm"] == "NEXTN"
+    assert svc["saved_unit"].startswith(f"{lk.STATE_DIR}/units/")  # what a failure would have restored
+    assert lk.server_info()["speculative_algorithm"] == "DDTREE"
+    # Nothing lost: the seed's record and every backup are still there, unchanged; no new record appeared.
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"]
+    backups = lk.unit_backups()
+    assert {k: backups[k] for k in backups_after_first} == backups_after_first
+
+    third = pivot(tmp_path)
+    assert third.rc == 0 and third.recap[lk.INFERENCE]["changed"] == 0 and third.recap[lk.TRAINING]["changed"] == 0
+
+
+def test_rollback_restores_nextn_and_removes_the_plugin(lab, tmp_path) -> None:
+    before = lk.state()
+    check = rollback(tmp_path, "--check", "--diff")
+    assert check.rc == 0, check.tail()
+    assert check.recap[lk.INFERENCE]["changed"] > 0
+    assert "would uninstall sglang-ddtree" in check.out
+    assert "-    --speculative-algorithm DDTREE \\" in check.out
+    assert "+    --speculative-algorithm NEXTN \\" in check.out
+    assert_unchanged(before, lk.state())
+
+    run = rollback(tmp_path)
+    assert run.rc == 0, run.tail()
+    host = run.report("rollback-report.json")["hosts"][0]
+    assert host["unit_changed"] is True and host["restarted"] is True and host["healthy"] is True
+    assert host["plugin"]["action"] == "uninstall" and host["generation_tokens"] > 0
+    assert_nextn_serving()
+    assert lk.plugin_version() is None
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == {}, "records archived"
+    archived = lk.files_with_hashes(lk.INFERENCE, host["archived_to"])
+    assert sum(p.endswith(".pre-pivot") for p in archived) == 1 and sum(p.endswith(".json") for p in archived) == 1
+    assert sum("/pip-freeze-before-sglang-ddtree-" in p for p in archived) >= 1, archived
+    assert not [p for p in lk.files_with_hashes(lk.INFERENCE, lk.STATE_DIR) if "/pip-freeze-before-" in p
+                and "/archive/" not in p], "snapshots archived"
+
+    again = rollback(tmp_path)
+    assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
+    assert again.report("rollback-report.json")["hosts"][0]["nothing_to_do"] is True
+
+
+def test_interrupted_while_the_new_server_starts_converges(lab, tmp_path) -> None:
+    # Starts from: NEXTN, no plugin, training halted. An older plugin version is installed first (by hand, from a
+    # wheel kept on the host) so the rollback below must downgrade, not remove.
+    old = lk.rewrite_wheel(lk.built_wheel(), tmp_path / "wheels", version="0.0.9")
+    lk.sh(lk.INFERENCE, f"mkdir -p {lk.STATE_DIR}/wheels")
+    lk.docker("cp", str(old), f"{lk.INFERENCE}:{lk.STATE_DIR}/wheels/{old.name}")
+    lk.sh(lk.INFERENCE, f"{lk.VENV_PY} -m pip install -q --no-deps --no-index {lk.STATE_DIR}/wheels/{old.name}")
+    assert lk.plugin_version() == "0.0.9"
+
+    # The session is lost (SIGKILL) while the new server starts.
+    first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Wait for /health on the host",
+                  interrupt_signal=signal.SIGKILL)
+    assert first.rc != 0
+    lk.wait_for(lk.healthy, 120, "the new server comes up by itself")
+    assert lk.server_info()["speculative_algorithm"] == "DDTREE"
+
+    again = pivot(tmp_path)
+    assert again.rc == 0, again.tail()
+    svc = again.report()["inference"][0]["service"]
+    assert svc["restarted"] is False, "the new server already runs the plan: no second restart"
+    assert svc["health"]["status"] == 200
+    assert lk.plugin_version() == "0.1.0"
+
+
+def test_rollback_downgrades_the_plugin_to_its_previous_version(lab, tmp_path) -> None:
+    run = rollback(tmp_path)
+    assert run.rc == 0, run.tail()
+    host = run.report("rollback-report.json")["hosts"][0]
+    assert host["plugin"]["action"] == "install" and host["plugin"]["wanted"]["version"] == "0.0.9"
+    assert lk.plugin_version() == "0.0.9"
+    assert_nextn_serving()
+    again = rollback(tmp_path)
+    assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
