@@ -1,20 +1,20 @@
-"""Triton kernel: exact per-row top-K of float32 log-probabilities in one streaming pass over the logits.
+"""Triton kernels: exact per-row top-K of float32 log-probabilities in ~one streaming pass over the logits.
 
 Order: log-probability ``lp = (x - m) - logsum`` (float32; m = row max, logsum = log(sum(exp(x - m))), both
 returned) descending, ties by token id ascending; exactly as ``exact_topk`` on the full row of those values.
 
-One launch, grid (groups, rows): program (g, r) streams its group of tiles of row r and writes, per tile of TILE
-logits, its max, and for the group the online-softmax pair (max, sum(exp(x - max))). It then increments the
-row's counter; the program that completes the row (the last of its groups to finish) does the selection for it
-while other rows are still streaming, so the selection hides behind the memory traffic:
-
-* it combines the row's log-sum-exp, picks the K tiles with the largest max (ties: lower tile first), loads only
-  those and extracts the K best (lp, id) keys. Every element outside those tiles has a logit <= M', the best
-  unselected tile max. The selection is certified exact when lp(M') < lp of the K-th pick, or when M' <= its
-  logit and the next representable input value below that logit already has a smaller lp (exact logit ties
-  across tiles are resolved by the tile order: a lower tile holds lower ids). Otherwise (float32 rounding made
-  distinct logits share a log-probability at the boundary, which is rare) the program rescans the whole row
-  exactly, so the result is always exact.
+1. ``_vocab_scan`` (grid rows x groups; a group is ELEMENTS consecutive logits, split into tiles of TILE): per
+   tile its max, per group the online-softmax pair (max, sum(exp(x - max))).
+2. ``_vocab_select`` (grid rows): combines the row's log-sum-exp; picks the K groups with the largest max (ties:
+   lower group first), then among their tiles the K tiles with the largest max (ties: lower tile first), loads
+   only those K * TILE logits and extracts the K best (lp, id) keys. The top K elements always lie in the top K
+   groups, and within them in the top K tiles (K maxima ranked above an element would already be K better
+   elements). Every element outside the picked tiles has a logit <= M', the best max of an unpicked group or of
+   an unpicked tile of a picked group. The selection is certified exact when lp(M') < lp of the K-th pick, or
+   when M' <= its logit and the next representable input value below that logit already has a smaller lp
+   (exact logit ties across tiles are resolved by the tile order: a lower tile holds lower ids). Otherwise
+   (float32 rounding made distinct logits share a log-probability at the boundary, which is rare) the program
+   rescans the whole row exactly, so the result is always exact.
 """
 
 from __future__ import annotations
@@ -48,9 +48,50 @@ def _unpack_lp(key):
     return bits.to(tl.float32, bitcast=True)
 
 
+# Few compiled variants: sizes are bucketed below and plain integer arguments are not specialised.
+@triton.jit(do_not_specialize=["V", "T", "P"])
+def _vocab_scan(
+    x_ptr,
+    stride_row,
+    V,
+    T,
+    P,
+    tmax_ptr,
+    pm_ptr,
+    ps_ptr,
+    TILE: tl.constexpr,
+    TPP: tl.constexpr,
+):
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    tiles = grp * TPP + tl.arange(0, TPP)
+    offs = tiles[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    mask = offs < V
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    tm = tl.max(x, axis=1)
+    tl.store(tmax_ptr + row.to(tl.int64) * T + tiles, tm, mask=tiles < T)
+    m = tl.max(tm, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.sum(tl.where(mask, tl.exp(x - m_safe), 0.0), axis=1), axis=0)
+    tl.store(pm_ptr + row * P + grp, m)
+    tl.store(ps_ptr + row * P + grp, s)
+
+
 @triton.jit
-def _select_row(
-    row,  # the row this program selects for; every group of it has written tmax/pm/ps
+def _top_keys(keys, slots, K, KP: tl.constexpr):
+    """The K largest of ``keys`` (any shape; unique values; key_min = empty) as [KP] (key_min past the end),
+    and the largest key left."""
+    key_min = -9223372036854775808
+    picked = tl.full([KP], key_min, tl.int64)
+    for i in range(K):
+        top = tl.max(tl.reshape(keys, (slots,)), axis=0)
+        picked = tl.where(tl.arange(0, KP) == i, top, picked)
+        keys = tl.where(keys == top, key_min, keys)
+    return picked, tl.max(tl.reshape(keys, (slots,)), axis=0)
+
+
+@triton.jit(do_not_specialize=["V", "T", "P", "K", "STEP", "SCR"])
+def _vocab_select(
     x_ptr,
     stride_row,
     V,
@@ -69,11 +110,13 @@ def _select_row(
     out_ls_ptr,
     out_fallback_ptr,
     TILE: tl.constexpr,
-    TP: tl.constexpr,
+    TPP: tl.constexpr,
     PP: tl.constexpr,
     KP: tl.constexpr,
     CAP: tl.constexpr,
+    RB: tl.constexpr,
 ):
+    row = tl.program_id(0)
     row64 = row.to(tl.int64)
     x_row = x_ptr + row64 * stride_row
     neg_inf = float("-inf")
@@ -81,8 +124,8 @@ def _select_row(
 
     # row log-sum-exp from the group partials
     p = tl.arange(0, PP)
-    pm = tl.load(pm_ptr + row * P + p, mask=p < P, other=neg_inf, cache_modifier=".cg")
-    ps = tl.load(ps_ptr + row * P + p, mask=p < P, other=0.0, cache_modifier=".cg")
+    pm = tl.load(pm_ptr + row * P + p, mask=p < P, other=neg_inf)
+    ps = tl.load(ps_ptr + row * P + p, mask=p < P, other=0.0)
     m = tl.max(pm, axis=0)
     m_safe = tl.where(m == neg_inf, 0.0, m)
     terms = tl.where(pm == neg_inf, 0.0, ps * tl.exp(pm - m_safe))
@@ -90,21 +133,23 @@ def _select_row(
     tl.store(out_m_ptr + row, m)
     tl.store(out_ls_ptr + row, ls)
 
-    # the K tiles with the largest max (ties: lower tile first): K rounds of a max over the packed keys
-    t = tl.arange(0, TP)
-    tm = tl.load(tmax_ptr + row64 * T + t, mask=t < T, other=neg_inf, cache_modifier=".cg")
-    tkey = tl.where(t < T, (_ord32(tm + 0.0).to(tl.int64) << 32) | (2147483647 - t).to(tl.int64), key_min)
-    kt = tl.minimum(K, T)
+    # level 1: the K groups with the largest max (ties: lower group first)
     j = tl.arange(0, KP)
-    sel_keys = tl.full([KP], key_min, tl.int64)
-    for i in range(K):
-        top = tl.max(tkey, axis=0)
-        sel_keys = tl.where((j == i) & (i < kt), top, sel_keys)
-        tkey = tl.where(tkey == top, key_min, tkey)
-    next_key = tl.max(tkey, axis=0)
-    tau_key = tl.min(tl.where(j < kt, sel_keys, 9223372036854775807), axis=0)
+    gkey = tl.where(p < P, (_ord32(pm + 0.0).to(tl.int64) << 32) | (2147483647 - p).to(tl.int64), key_min)
+    gsel, gnext = _top_keys(gkey, PP, K, KP)
+    groups = 2147483647 - (gsel & 0xFFFFFFFF)
+    # level 2: among the tiles of those groups, the K with the largest max (ties: lower tile first)
+    tt = groups[:, None] * TPP + tl.arange(0, TPP)[None, :]
+    tvalid = (gsel != key_min)[:, None] & (tt < T)
+    tm = tl.load(tmax_ptr + row64 * T + tt, mask=tvalid, other=neg_inf)
+    tkey = tl.where(tvalid, (_ord32(tm + 0.0).to(tl.int64) << 32) | (2147483647 - tt), key_min)
+    sel_keys, tnext = _top_keys(tkey, KP * TPP, K, KP)
+    kt = tl.sum((sel_keys != key_min).to(tl.int32), axis=0)
     tile_ids = 2147483647 - (sel_keys & 0xFFFFFFFF)
-    m_next = tl.where(kt < T, _unpack_lp(next_key), neg_inf)  # M': best unselected tile max
+    # M': the best max left out at either level
+    m_next = tl.maximum(
+        tl.where(gnext != key_min, _unpack_lp(gnext), neg_inf), tl.where(tnext != key_min, _unpack_lp(tnext), neg_inf)
+    )
 
     offs = tile_ids[:, None] * TILE + tl.arange(0, TILE)[None, :]
     valid = (j < kt)[:, None] & (offs < V) & (offs >= 0)
@@ -112,9 +157,10 @@ def _select_row(
     lp = (x - m) - ls
     keys = tl.where(valid, _pack(lp, offs), key_min)
 
-    # When K tiles were selected, only elements with lp >= lp(tau), tau = the smallest selected tile max, can be
-    # in the top K (the K tile maxima already reach it); with fewer tiles than K every element is a candidate.
+    # When K tiles were picked, only elements with lp >= lp(tau), tau = the smallest picked tile max, can be in
+    # the top K (the K tile maxima already reach it); with fewer tiles than K every element is a candidate.
     # Usually few: compact them and sort; otherwise extract K times from the block.
+    tau_key = tl.min(tl.where(j < kt, sel_keys, 9223372036854775807), axis=0)
     lp_tau = tl.where(kt < K, neg_inf, (_unpack_lp(tau_key) - m) - ls)
     cand = valid & (lp >= lp_tau)
     count = tl.sum(tl.sum(cand.to(tl.int32), axis=1), axis=0)
@@ -156,8 +202,8 @@ def _select_row(
         prev = best * 0 + 9223372036854775807
         for i in range(K):
             cur = prev * 0 + key_min
-            for start in range(0, V, TILE):
-                o = start + tl.arange(0, TILE)
+            for start in range(0, V, RB):
+                o = start + tl.arange(0, RB)
                 xv = tl.load(x_row + o, mask=o < V, other=neg_inf).to(tl.float32)
                 kv = tl.where(o < V, _pack((xv - m) - ls, o), key_min)
                 kv = tl.where(kv < prev, kv, key_min)
@@ -167,81 +213,6 @@ def _select_row(
             prev = cur
 
 
-# Few compiled variants: sizes are bucketed below and plain integer arguments are not specialised.
-@triton.jit(do_not_specialize=["V", "T", "P", "K", "STEP", "SCR"])
-def _vocab_topk(
-    x_ptr,
-    stride_row,
-    V,
-    T,
-    P,
-    K,
-    STEP,
-    tmax_ptr,
-    pm_ptr,
-    ps_ptr,
-    count_ptr,
-    scratch_ptr,
-    SCR,
-    out_val_ptr,
-    out_id_ptr,
-    out_m_ptr,
-    out_ls_ptr,
-    out_fallback_ptr,
-    TILE: tl.constexpr,
-    TPP: tl.constexpr,
-    TP: tl.constexpr,
-    PP: tl.constexpr,
-    KP: tl.constexpr,
-    CAP: tl.constexpr,
-):
-    grp = tl.program_id(0)
-    row = tl.program_id(1)
-    # scan: tile maxima and the group's online-softmax pair
-    tiles = grp * TPP + tl.arange(0, TPP)
-    offs = tiles[:, None] * TILE + tl.arange(0, TILE)[None, :]
-    mask = offs < V
-    x = tl.load(x_ptr + row.to(tl.int64) * stride_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-    tm = tl.max(x, axis=1)
-    tl.store(tmax_ptr + row.to(tl.int64) * T + tiles, tm, mask=tiles < T)
-    m = tl.max(tm, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(tl.sum(tl.where(mask, tl.exp(x - m_safe), 0.0), axis=1), axis=0)
-    tl.store(pm_ptr + row * P + grp, m)
-    tl.store(ps_ptr + row * P + grp, s)
-    # the program that finishes the row selects for it (release our stores, acquire the others')
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if done == P - 1:
-        tl.debug_barrier()
-        tl.store(count_ptr + row, 0)  # ready for the next launch (e.g. a CUDA graph replay)
-        _select_row(
-            row,
-            x_ptr,
-            stride_row,
-            V,
-            T,
-            P,
-            K,
-            STEP,
-            tmax_ptr,
-            pm_ptr,
-            ps_ptr,
-            scratch_ptr,
-            SCR,
-            out_val_ptr,
-            out_id_ptr,
-            out_m_ptr,
-            out_ls_ptr,
-            out_fallback_ptr,
-            TILE,
-            TP,
-            PP,
-            KP,
-            CAP,
-        )
-
-
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -249,18 +220,20 @@ def _next_pow2(n: int) -> int:
 _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 
 
-def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
+def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, tile: int | None = None):
     """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
 
-    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 4096) is the number of logits one program streams
-    (TILE * tiles per program; the selection loads K tiles of TILE); a tuning knob, not a semantic one.
-    Logits must be finite or -inf. One kernel launch (plus zeroing the rows' counters), no host sync.
+    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 4096) is the number of logits one scan program reads
+    (a group); ``tile`` (default $SGLANG_DDTREE_TOPK_TILE or 64) the tile size inside it (the selection loads K
+    tiles). Tuning knobs, not semantic ones. Logits must be finite or -inf. Two launches, no host sync.
 
     Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
     fallback int32 [R] (1 where the exact rescan ran)).
     """
     if elements is None:
         elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "4096"))
+    if tile is None:
+        tile = int(os.environ.get("SGLANG_DDTREE_TOPK_TILE", "64"))
     if logits.dim() != 2:
         raise ValueError(f"logits must be [R, V], got {tuple(logits.shape)}")
     if logits.dtype not in _STEP:
@@ -270,18 +243,15 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     rows, vocab = logits.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in 1..{vocab}")
-    if rows > 65535:
-        raise ValueError(f"at most 65535 rows per call, got {rows}")
     kp = _next_pow2(k)
-    tile = max(64, min(1024, elements // kp))
+    tile = _next_pow2(max(16, min(1024, tile)))
+    tpp = max(1, _next_pow2(elements) // tile)
     tiles = -(-vocab // tile)
-    tpp = max(1, elements // tile)
     groups = -(-tiles // tpp)
     device = logits.device
     tmax = torch.empty((rows, tiles), dtype=torch.float32, device=device)
     pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
     ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
-    count = torch.zeros((rows,), dtype=torch.int32, device=device)
     cap = max(64, 4 * kp)
     scratch = torch.empty((rows, cap), dtype=torch.int64, device=device)
     values = torch.empty((rows, k), dtype=torch.float32, device=device)
@@ -289,7 +259,8 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
     row_max = torch.empty((rows,), dtype=torch.float32, device=device)
     row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
     fallback = torch.empty((rows,), dtype=torch.int32, device=device)
-    _vocab_topk[(groups, rows)](
+    _vocab_scan[(rows, groups)](logits, logits.stride(0), vocab, tiles, groups, tmax, pm, ps, TILE=tile, TPP=tpp)
+    _vocab_select[(rows,)](
         logits,
         logits.stride(0),
         vocab,
@@ -300,7 +271,6 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
         tmax,
         pm,
         ps,
-        count,
         scratch,
         scratch.stride(0),
         values,
@@ -310,10 +280,10 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None):
         fallback,
         TILE=tile,
         TPP=tpp,
-        TP=max(16, _next_pow2(tiles)),
         PP=max(16, _next_pow2(groups)),
         KP=kp,
         CAP=cap,
-        num_warps=int(os.environ.get("SGLANG_DDTREE_TOPK_WARPS", "4")),
+        RB=1024,
+        num_warps=8,
     )
     return values, ids, row_max, row_logsum, fallback
