@@ -223,17 +223,17 @@ _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, tile: int | None = None):
     """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
 
-    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 4096) is the number of logits one scan program reads
-    (a group); ``tile`` (default $SGLANG_DDTREE_TOPK_TILE or 64) the tile size inside it (the selection loads K
+    ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 2048) is the number of logits one scan program reads
+    (a group); ``tile`` (default $SGLANG_DDTREE_TOPK_TILE or 32) the tile size inside it (the selection loads K
     tiles). Tuning knobs, not semantic ones. Logits must be finite or -inf. Two launches, no host sync.
 
     Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
     fallback int32 [R] (1 where the exact rescan ran)).
     """
     if elements is None:
-        elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "4096"))
+        elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "2048"))
     if tile is None:
-        tile = int(os.environ.get("SGLANG_DDTREE_TOPK_TILE", "64"))
+        tile = int(os.environ.get("SGLANG_DDTREE_TOPK_TILE", "32"))
     if logits.dim() != 2:
         raise ValueError(f"logits must be [R, V], got {tuple(logits.shape)}")
     if logits.dtype not in _STEP:
