@@ -131,7 +131,8 @@ def time_host(fn, iters, warmup=2, sync=None):
     return statistics.median(times)
 
 
-def capture(fn):
+def capture(fn, copies=1):
+    """A CUDA graph of ``copies`` back-to-back calls of ``fn`` (after a warm-up on a side stream)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -140,7 +141,8 @@ def capture(fn):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(copies):
+            fn()
     return graph
 
 

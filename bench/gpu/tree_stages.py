@@ -31,27 +31,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sglang-ddtree" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: tree_build.capture
 from sglang_ddtree._triton_tree import build_sorted
 from sglang_ddtree._triton_vocab import topk_logprobs
 from sglang_ddtree._triton_walk import greedy_walk as triton_walk
 from sglang_ddtree.tree import build_tree
 from sglang_ddtree.verify import greedy_walk
+from tree_build import capture
 
 DEPTH = 15
-
-
-def graph_of(fn, reps):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return graph
 
 
 def time_graph(graph, iters, reps):
@@ -70,9 +58,9 @@ def time_graph(graph, iters, reps):
 
 
 def measure(name, fn, args, extra):
-    many = graph_of(fn, args.reps)
+    many = capture(fn, args.reps)
     med, lo, hi = time_graph(many, args.iters, args.reps)
-    one = graph_of(fn, 1)
+    one = capture(fn)
     single, _, _ = time_graph(one, args.iters, 1)
     row = {"stage": name, **extra, "ms": med, "ms_min": lo, "ms_max": hi, "single_replay_ms": single}
     print(json.dumps(row), file=sys.stderr, flush=True)
