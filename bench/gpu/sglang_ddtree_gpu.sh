@@ -19,7 +19,8 @@
 #   measure-hybrid  engines none and DDTREE 16 on the hybrid (radix cache off), equality only, compared
 #   measure-hybrid-extra  controls on the hybrid: DFLASH, and DDTREE 16 with SGLang's default radix cache
 #             (mamba extra_buffer); run after measure-hybrid (compares against its run-hybrid-none-0.json)
-# Environment: PYTHON (default python3), SITE (optional target dir already on PYTHONPATH).
+# Environment: PYTHON (default python3), SITE (optional target dir already on PYTHONPATH), TP (tensor parallel
+# size of the measure engines, default 1; TP=2 on a 2-GPU host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STAGE=${1:?stage: install|models|measure|all}
@@ -88,7 +89,7 @@ compare_hybrid() {  # candidate out-names
 run() {  # algo budget modes (with RESUME=1 a configuration whose JSON exists is not run again)
   if [ "${RESUME:-0}" = 1 ] && [ -s "$OUT/run-$1-$2.json" ]; then echo "run-$1-$2.json exists: skipped"; return 0; fi
   "$PY" bench/gpu/sglang_ddtree_run.py --models "$OUT/models" --algo "$1" --budget "$2" --mode "$3" \
-    --out "$OUT/run-$1-$2.json"
+    --tp "${TP:-1}" --out "$OUT/run-$1-$2.json"
 }
 
 case "$STAGE" in

@@ -124,6 +124,7 @@ def main() -> int:
     ap.add_argument("--mode", required=True, help="equality, speed or equality,speed")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs); 2 for the TP-2 run")
     ap.add_argument(
         "--hybrid-radix-cache",
         action="store_true",
@@ -139,6 +140,8 @@ def main() -> int:
     vocab = json.loads((args.models / "target" / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
     kwargs = engine_kwargs(args.models, args.algo, args.budget, args.hybrid_radix_cache)
+    if args.tp != 1:
+        kwargs["tp_size"] = args.tp
     engine = sgl.Engine(**kwargs)
     start_s = time.perf_counter() - t0
     try:
