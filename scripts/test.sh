@@ -33,7 +33,7 @@ stage "lab integration tests (docker containers with systemd)"
 SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py
 
 # The pivot's fault scenarios, interrupted runs and playbooks/rollback.yml, through the real playbooks against the
-# same lab containers (one set-up for all of them; ~15 min).
+# same lab containers (one set-up for all of them; ~14 min).
 stage "pivot fault scenarios, interrupted runs, rollback (lab)"
 SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 

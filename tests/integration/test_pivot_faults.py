@@ -23,7 +23,8 @@ tests run in file order and each states what it starts from.
 A training job that ignores SIGTERM (SIGKILL escalation) is covered by molecule/training_halt (molecule-th-stubborn).
 
 Without a docker engine or the lab image these FAIL when SPECDEC_REQUIRE_LAB is set (CI), else they are skipped.
-Run: ``SPECDEC_REQUIRE_LAB=1 .venv/bin/python -m pytest -q tests/integration/test_pivot_faults.py`` (~12 min).
+Run: ``SPECDEC_REQUIRE_LAB=1 .venv/bin/python -m pytest -q tests/integration/test_pivot_faults.py`` (~14 min).
+The tests build on each other's lab state: run the whole file (``-k`` on one test starts from a reset lab).
 """
 
 from __future__ import annotations
