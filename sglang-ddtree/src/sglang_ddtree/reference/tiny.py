@@ -117,6 +117,41 @@ class TinyModels:
     eos_token_id: int = EOS_TOKEN_ID
 
 
+def _init_target_weights(model, gen, init_std: float, aligned: bool, residual_writers):
+    """Random tiny-target weights, in place; returns the embedding Parameter (for the drafter).
+
+    Every >= 2-dim weight (projections, conv1d, experts, router) ~ N(0, init_std); the lm_head is a row
+    permutation of the embeddings. With ``aligned``, a near-bigram target: embeddings dominate the residual
+    stream (x10; the weights ``residual_writers(layer)`` returns, which write into it, x0.1), and feature 0 is a
+    positive constant (negative for the mask token) for the aligned drafter's keys.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+        emb = model.model.embed_tokens.weight
+        head_scale = 1.0
+        if aligned:
+            emb.mul_(10.0)
+            emb[:, 0] = 30 * init_std
+            emb[MASK_TOKEN_ID, 0] = -30 * init_std
+            head_scale = 0.1
+            for layer in model.model.layers:
+                for weight in residual_writers(layer):
+                    weight.mul_(0.1)
+        perm = torch.randperm(emb.shape[0], generator=gen)
+        model.lm_head.weight.copy_(emb[perm] * head_scale)
+    return emb
+
+
+def _qwen3_next_residual_writers(layer):
+    """The weights of a Qwen3-Next layer that write into the residual stream (attention out, MLP down)."""
+    yield layer.linear_attn.out_proj.weight if hasattr(layer, "linear_attn") else layer.self_attn.o_proj.weight
+    for name, p in layer.mlp.named_parameters():
+        if "down_proj" in name:
+            yield p
+
+
 def make_tiny_models(
     out_dir: str | Path,
     seed: int = 0,
@@ -181,24 +216,9 @@ def make_tiny_models(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
-        emb = model.model.embed_tokens.weight
-        head_scale = 1.0
-        if aligned:
-            # A near-bigram target: embeddings dominate the residual stream (x10, attention/MLP outputs x0.1),
-            # feature 0 is a positive constant (negative for the mask token) for the aligned drafter's keys.
-            emb.mul_(10.0)
-            emb[:, 0] = 30 * init_std
-            emb[MASK_TOKEN_ID, 0] = -30 * init_std
-            head_scale = 0.1
-            for layer in model.model.layers:
-                layer.self_attn.o_proj.weight.mul_(0.1)
-                layer.mlp.down_proj.weight.mul_(0.1)
-        perm = torch.randperm(vocab_size, generator=gen)
-        model.lm_head.weight.copy_(emb[perm] * head_scale)
+    emb = _init_target_weights(
+        model, gen, init_std, aligned, lambda layer: (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight)
+    )
     model = model.to(torch_dtype)
     _quiet_save(model, target_dir)
     if tokenizer is not None:
@@ -324,29 +344,8 @@ def make_tiny_hybrid_models(
     )
     torch.manual_seed(seed)
     model = Qwen3NextForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            # >= 2-dim weights (projections, conv1d, experts, router) random; A_log, dt_bias and the norms keep
-            # their Qwen3-Next initialisation (zero-centred RMSNorm weights: scale 1).
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
-        emb = model.model.embed_tokens.weight
-        head_scale = 1.0
-        if aligned:
-            emb.mul_(10.0)
-            emb[:, 0] = 30 * init_std
-            emb[MASK_TOKEN_ID, 0] = -30 * init_std
-            head_scale = 0.1
-            for layer in model.model.layers:
-                if hasattr(layer, "linear_attn"):
-                    layer.linear_attn.out_proj.weight.mul_(0.1)
-                else:
-                    layer.self_attn.o_proj.weight.mul_(0.1)
-                for name, p in layer.mlp.named_parameters():
-                    if "down_proj" in name:
-                        p.mul_(0.1)
-        perm = torch.randperm(vocab_size, generator=gen)
-        model.lm_head.weight.copy_(emb[perm] * head_scale)
+    # A_log, dt_bias and the norms keep their Qwen3-Next initialisation (zero-centred RMSNorm weights: scale 1).
+    emb = _init_target_weights(model, gen, init_std, aligned, _qwen3_next_residual_writers)
     model = model.to(torch_dtype)
     _quiet_save(model, target_dir)
     cfg_path = target_dir / "config.json"
