@@ -30,14 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labkit import INFERENCE, LAB, PORT, REPO, TRAIN_SCRIPT, TRAINING, docker, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-LAB = REPO / "lab"
 IMAGE = os.environ.get("SPECDEC_LAB_IMAGE", "specdec-pivot-lab:bookworm")
-PORT = int(os.environ.get("SPECDEC_LAB_PORT", "30000"))
 REQUIRE_LAB = bool(os.environ.get("SPECDEC_REQUIRE_LAB"))
-TRAINING, INFERENCE = "ct200", "pro6000"
-TRAIN_SCRIPT = "/opt/train/train_dflash_pipeline.py"
 CTL = ["python3", "/usr/local/lib/specdec-lab/lab_training_ctl.py", "--config", "/opt/train/.lab-launch.json"]
 STEP_RE = re.compile(r"^step (\d+) \| loss (\d+\.\d+) \| (\d+\.\d)K tok/s$")
 SEED_FLAGS = [
@@ -82,13 +78,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
 def in_container(name: str, *cmd: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
     return docker("exec", name, *cmd, check=check, timeout=timeout)
 
@@ -114,17 +103,6 @@ def training_tree(name: str = TRAINING) -> tuple[int, list[int]]:
 def step_lines(name: str = TRAINING) -> list[int]:
     text = in_container(name, "tail", "-n", "50", "/opt/train/logs/train.log").stdout
     return [int(m.group(1)) for m in map(STEP_RE.match, text.splitlines()) if m]
-
-
-def wait_for(predicate, deadline_s: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not true within {deadline_s} s (last value {last!r})")
 
 
 def up(*args: str) -> subprocess.CompletedProcess:
