@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -66,8 +67,6 @@ def test_builtin_names_still_resolve_to_builtins(plugins_loaded):
 
 
 def test_hooks_are_applied_and_act_for_ddtree_only(plugins_loaded):
-    from types import SimpleNamespace
-
     from sglang.srt.speculative import spec_utils
 
     from sglang_ddtree.sglang.hooks import spec_need_hidden_states_hook
@@ -132,6 +131,54 @@ def test_create_dummy_verify_input_for_ddtree_carries_mask_and_tree_topk(plugins
     assert dummy.draft_token_num == 17 and dummy.spec_input_type == SpecInputType.DFLASH_VERIFY
 
 
+class TritonAttnBackend:
+    """Named like SGLang's Triton backend: ``resolve_dflash_verify_mask_policy`` decides by the class name."""
+
+
+def _graph_runner(algo, is_draft_worker=False, width=17):
+    """The attributes of a DecodeCudaGraphRunner that ``get_spec_info`` reads (no GPU, no capture)."""
+    import torch
+
+    model_runner = SimpleNamespace(
+        spec_algorithm=algo, is_draft_worker=is_draft_worker, attn_backend=TritonAttnBackend(),
+        server_args=SimpleNamespace(speculative_eagle_topk=None),
+    )
+    runner = SimpleNamespace(
+        model_runner=model_runner, buffers=SimpleNamespace(custom_mask=torch.ones(64, dtype=torch.bool)),
+        captured_req_width=width, speculative_num_steps=None, speculative_num_draft_tokens=width,
+    )
+    runner._capture_ragged_verify_layout = lambda num_tokens: None
+    return runner
+
+
+def test_target_verify_graphs_of_ddtree_are_captured_with_the_tree_mask(plugins_loaded):
+    """Issue 13: SGLang captures DFLASH-family TARGET_VERIFY graphs without a custom mask on Triton (a chain is
+    causal); a graph captured so ignores the tree mask at replay. Through SGLang's own (hooked) get_spec_info:
+    DDTREE's target runner gets the mask buffer and the tree topk; DFLASH and the drafter's runner keep SGLang's
+    choice (no mask)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpecInputType, SpeculativeAlgorithm
+
+    from sglang_ddtree.sglang.server_args import TREE_TOPK
+    from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
+
+    assert hasattr(DecodeCudaGraphRunner.get_spec_info, "__wrapped__")  # HookRegistry wrapped it
+    ddtree = SpeculativeAlgorithm.from_string("DDTREE")
+
+    runner = _graph_runner(ddtree)
+    info = DecodeCudaGraphRunner.get_spec_info(runner, 17)
+    assert isinstance(info, DDTreeVerifyInput)
+    assert info.custom_mask is runner.buffers.custom_mask
+    assert info.topk == TREE_TOPK > 1 and info.draft_token_num == 17
+    assert info.spec_input_type == SpecInputType.DFLASH_VERIFY
+
+    dflash = DecodeCudaGraphRunner.get_spec_info(_graph_runner(SpeculativeAlgorithm.DFLASH, width=8), 8)
+    assert not isinstance(dflash, DDTreeVerifyInput) and dflash.custom_mask is None  # SGLang's causal chain
+
+    drafter = DecodeCudaGraphRunner.get_spec_info(_graph_runner(ddtree, is_draft_worker=True, width=8), 8)
+    assert not isinstance(drafter, DDTreeVerifyInput) and drafter.custom_mask is None
+
+
 def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, caplog):
     from sglang.srt.speculative import spec_registry
 
@@ -191,10 +238,11 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
     recorded = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, *a, **k: recorded.append(target)))
     assert hooks._target_importable(hooks.CREATE_DUMMY_VERIFY_INPUT) is None
+    assert hooks._target_importable(hooks.GRAPH_GET_SPEC_INFO) is None  # a method: module + class resolve
     bogus = "sglang.srt.speculative.no_such_module_here.spec_need_hidden_states"
     assert "ModuleNotFoundError" in hooks._target_importable(bogus)
     monkeypatch.setattr(hooks, "SPEC_NEED_HIDDEN_STATES", bogus)
     with caplog.at_level("WARNING", logger=hooks.__name__):
         registered = hooks.register_hooks()
-    assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT]
+    assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO]
     assert [r.getMessage() for r in caplog.records if bogus in r.getMessage()]

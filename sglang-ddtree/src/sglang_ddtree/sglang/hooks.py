@@ -5,9 +5,13 @@ every other algorithm) behaves exactly as without the plugin.
 
 * ``spec_utils.spec_need_hidden_states``: SGLang lists the DFLASH family by name ("DFLASH", "DSPARK") as not
   relaying hidden states through the overlap FutureMap; DDTREE (the same family) answers the same.
-* ``spec_info.create_dummy_verify_input``: the CUDA-graph capture of the target's TARGET_VERIFY pass must see
-  a verify input WITH a custom mask (Triton bakes "mask or no mask" into the captured graph) and the tree's
-  topk; DFLASH's dummy has neither.
+* ``DecodeCudaGraphRunner.get_spec_info``: the verify input the target's TARGET_VERIFY CUDA graphs are
+  CAPTURED with. For the DFLASH family SGLang captures without a custom mask on Triton/FlashInfer/FA3/TRT-LLM
+  (``dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS``: a chain is causal), and Triton bakes "mask or
+  causal" into the graph: a graph captured that way ignores the tree mask at replay, so every node attends to
+  the nodes before it in flattened order, ancestors or not. DDTREE's target graphs are captured with the mask
+  buffer and the tree topk instead (the replay copies each step's mask into that buffer).
+* ``spec_info.create_dummy_verify_input``: the same for the warm-up/dummy verify input.
 
 Other places that compare the literal "DFLASH" gate features DDTREE rejects at start-up or does not offer
 (unified-memory pools, replay-SSM, PD disaggregation, aux-hidden-state export, LoRA); see SGLANG.md.
@@ -23,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 SPEC_NEED_HIDDEN_STATES = "sglang.srt.speculative.spec_utils.spec_need_hidden_states"
 CREATE_DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
+GRAPH_GET_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 
-__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "SPEC_NEED_HIDDEN_STATES", "register_hooks"]
+__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "SPEC_NEED_HIDDEN_STATES", "register_hooks"]
 
 
 def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
@@ -70,11 +75,43 @@ def create_dummy_verify_input_hook(original, *args: Any, **kwargs: Any):
     )
 
 
-def _target_importable(target: str) -> str | None:
-    """None when ``target``'s module imports (HookRegistry.apply_hooks imports it the same way), else why not."""
-    module = target.rsplit(".", 1)[0]
+def graph_get_spec_info_hook(original, runner, *args: Any, **kwargs: Any):
+    """The target's TARGET_VERIFY graphs of DDTREE are captured reading the custom (tree) mask; see above."""
+    from .spec_algo import is_ddtree
+
+    model_runner = runner.model_runner
+    if not is_ddtree(model_runner.spec_algorithm) or model_runner.is_draft_worker:
+        return original(runner, *args, **kwargs)
+    from .verify_input import dummy_verify_input_for_capture
+
+    return dummy_verify_input_for_capture(
+        custom_mask=runner.buffers.custom_mask,
+        num_tokens_per_req=int(runner.captured_req_width),
+        is_draft_worker=False,
+    )
+
+
+def _resolve_owner(owner: str) -> Any:
+    """The module ``owner`` names, or the class ``module.Class`` (its module's own import errors propagate)."""
     try:
-        importlib.import_module(module)
+        return importlib.import_module(owner)
+    except ModuleNotFoundError as exc:
+        if exc.name != owner:
+            raise
+        module, _, attr = owner.rpartition(".")
+        if not module:
+            raise
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except AttributeError:
+            raise exc from None
+
+
+def _target_importable(target: str) -> str | None:
+    """None when ``target``'s owner (module or class) resolves as HookRegistry.apply_hooks resolves it, else why
+    not."""
+    try:
+        _resolve_owner(target.rsplit(".", 1)[0])
     except Exception as exc:  # an environment without the module's own imports: no hook, one clear line
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -84,11 +121,18 @@ def register_hooks() -> list[str]:
     """Register the DDTREE hooks whose targets import here; returns the targets registered."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .testing import skipped_hooks
+
     registered = []
+    skip = skipped_hooks()  # test-only (SGLANG_DDTREE_TEST_SKIP_HOOKS); empty in production
     for target, hook in (
         (SPEC_NEED_HIDDEN_STATES, spec_need_hidden_states_hook),
         (CREATE_DUMMY_VERIFY_INPUT, create_dummy_verify_input_hook),
+        (GRAPH_GET_SPEC_INFO, graph_get_spec_info_hook),
     ):
+        if hook.__name__.removesuffix("_hook") in skip:
+            logger.warning("sglang-ddtree: TEST: hook on %s left out (SGLANG_DDTREE_TEST_SKIP_HOOKS)", target)
+            continue
         problem = _target_importable(target)
         if problem is not None:
             logger.warning("sglang-ddtree: hook on %s not installed (%s); DDTREE needs it to serve", target, problem)

@@ -35,10 +35,12 @@ MIN_BUDGET = 1
 MAX_BUDGET = 63
 #: speculative_eagle_topk announced to SGLang: any value > 1 switches the backends to tree metadata.
 TREE_TOPK = 2
-#: Target attention backends whose TARGET_VERIFY consumes the full per-request tree mask DDTREE builds
-#: (layout [num_nodes, prefix_len + num_nodes] per request, row-major, requests concatenated): Triton reads
-#: ``spec_info.custom_mask``; FlashInfer reads it through ``DFlashVerifyInput.generate_attn_arg_prefill``.
-SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+#: Target attention backends whose TARGET_VERIFY is PROVEN to apply DDTREE's per-request tree mask (layout
+#: [num_nodes, prefix_len + num_nodes] per request, row-major, requests concatenated) both eagerly and in the
+#: captured CUDA graphs (graph replay vs eager logits, bench/gpu/lossless.py). Triton only: FlashInfer reads the
+#: mask through ``DFlashVerifyInput.generate_attn_arg_prefill`` eagerly, but its captured graphs were never run
+#: with a tree on a GPU (its JIT build outlasts the test machine's call limit), so it is refused, not assumed.
+SUPPORTED_ATTENTION_BACKENDS = ("triton",)
 #: Drafter attention backends (the drafter pass is DFLASH's, unchanged).
 SUPPORTED_DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "fa4", "trtllm_mha")
 #: Architectures of DFlash drafters.
@@ -219,8 +221,8 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             continue
         raise DDTreeConfigError(
             f"--{field.replace('_', '-')}={backend!r} (set explicitly or chosen by SGLang for this GPU): DDTREE's "
-            f"tree verify needs a target attention backend that applies a full tree mask, one of "
-            f"{list(SUPPORTED_ATTENTION_BACKENDS)}; pass --attention-backend triton"
+            f"tree verify needs a target attention backend proven to apply the tree mask in eager and CUDA-graph "
+            f"verify, one of {list(SUPPORTED_ATTENTION_BACKENDS)}; pass --attention-backend triton"
         )
     prefill_backend, decode_backend = _backend_pair(cfg)
     if prefill_backend is None and decode_backend is None:

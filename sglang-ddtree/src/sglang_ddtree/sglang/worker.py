@@ -32,6 +32,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..tree import build_tree, build_tree_from_topk
 from ..verify import sampling_walk
+from . import testing
 from .commit import compact_to_front, kv_commit_moves, out_tokens_from_path, tree_mamba_commit_indices
 from .server_args import current_block_size
 from .tp_topk import sharded_candidates
@@ -90,9 +91,32 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError("DDTREE supports plain DFlash drafters; this drafter is a Domino drafter")
         self._ddtree_set_block_size(block_size)
         self._ddtree_capturing = False
+        self._ddtree_require_graph_mask_hook()
         logger.info("DDTREE worker: budget=%d, block_size=%d", self.ddtree_budget, block_size)
 
     # --- set-up ----------------------------------------------------------------------------------------------
+    def _ddtree_require_graph_mask_hook(self) -> None:
+        """Refuse to serve when the target's verify CUDA graphs would be captured without the tree mask.
+
+        Without the plugin's ``DecodeCudaGraphRunner.get_spec_info`` hook, SGLang captures DFLASH-family verify
+        graphs causally (issue 13): greedy output silently differs from the target's below the first sibling.
+        """
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        from .hooks import GRAPH_GET_SPEC_INFO
+
+        if bool(getattr(self.server_args, "disable_cuda_graph", False)):
+            return
+        if "graph_get_spec_info" in testing.skipped_hooks():  # test-only: the defect on purpose
+            logger.warning("sglang-ddtree: TEST: target verify graphs captured WITHOUT the tree mask")
+            return
+        if GRAPH_GET_SPEC_INFO not in getattr(HookRegistry, "_patched", {GRAPH_GET_SPEC_INFO}):
+            raise RuntimeError(
+                f"DDTREE: the plugin's hook on {GRAPH_GET_SPEC_INFO} is not applied, so the target's verify CUDA "
+                "graphs would ignore the tree mask; check the server log for why the hook failed, or start with "
+                "--disable-cuda-graph"
+            )
+
     def _spec_value(self, name: str) -> Any:
         try:
             from sglang.srt.runtime_context import get_spec
@@ -148,14 +172,18 @@ class DDTreeWorker(DFlashWorkerV2):
         return getattr(target_model, "lm_head", None)
 
     def _ddtree_tree_from_hidden(self, draft_hidden: torch.Tensor, bs: int, lm_head: Any, tp_group: Any = None,
-                                 vocab_size: int | None = None):
-        """Drafter hidden states [bs*(S-1), H] (block positions 1..S-1) -> DraftTree."""
+                                 vocab_size: int | None = None, force: tuple | None = None):
+        """Drafter hidden states [bs*(S-1), H] (block positions 1..S-1) -> DraftTree.
+
+        ``force``: test-only (``testing.forced_draft_logits``: oracle tokens and ranks), TP = 1 only."""
         depth = self.block_size - 1
         local_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t()).view(bs, depth, -1)
         world = 1 if tp_group is None else int(getattr(tp_group, "world_size", 1))
         if world == 1:
             if vocab_size is not None:
                 local_logits = local_logits[..., :vocab_size]
+            if force is not None:
+                local_logits = testing.forced_draft_logits(local_logits, *force)
             return build_tree(local_logits, self.ddtree_budget)
         shard = getattr(lm_head, "shard_indices", None)
         vocab_start = int(shard.org_vocab_start_index) if shard is not None else 0
@@ -256,8 +284,11 @@ class DDTreeWorker(DFlashWorkerV2):
         except Exception:
             tp_group = None
         vocab_size = int(self.model_runner.model_config.vocab_size)
+        force = None
+        if testing.ORACLE_FILE:
+            force = testing.oracle_tokens(getattr(batch, "reqs", None), prefix_lens, root_tokens, block_size - 1)
         tree = self._ddtree_tree_from_hidden(
-            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), tp_group, vocab_size
+            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), tp_group, vocab_size, force
         )
 
         # Host-known bound of the prefix lengths (sizes the mask; the layout itself is computed on device).
@@ -308,11 +339,24 @@ class DDTreeWorker(DFlashWorkerV2):
         deferred = getattr(self, "_target_logits_processor", None)
         if deferred is not None and deferred.is_deferred_shard(logits_output.next_token_logits):
             logits_output.next_token_logits = deferred.finish_deferred_gather(logits_output.next_token_logits)
+        check = None
+        if testing.GRAPH_CHECK and target_out.can_run_cuda_graph:
+            check = testing.graph_vs_eager(
+                self.target_worker.model_runner, verify_forward_batch, logits_output.next_token_logits
+            )
 
         accept_index, accept_len, bonus = self._ddtree_accept(
             tree, arrays, logits_output.next_token_logits, batch.sampling_info
         )
         commit_lens = (accept_len + 1).to(torch.int32)
+        if testing.STATS_FILE:
+            record = {
+                "bs": bs, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
+                "nonfirst": testing.nonfirst_accepts(tree, accept_index, accept_len).tolist(),
+            }
+            if check is not None:
+                record["graph_vs_eager_max_abs"], record["graph_vs_eager_argmax_diff"] = check
+            testing.write_stats(record)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
 
         self._ddtree_commit_kv(
