@@ -7,7 +7,8 @@
 #
 # Steps, in order: core-stages (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench
 # (bench/tree_build.py), sglang-setup (unpack BUNDLE into /tmp/site, install the plugin, tiny models),
-# measure (sglang_ddtree_gpu.sh measure), hybrid (models-hybrid + measure-hybrid). SKIP="core-bench hybrid"
+# measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13),
+# hybrid (models-hybrid + measure-hybrid). SKIP="core-bench hybrid"
 # leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -59,5 +60,7 @@ sglang_env
 export -f sglang_setup
 step sglang-setup bash -c sglang_setup
 step measure env RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure "$STATE/sglang"
+step lossless bash bench/gpu/sglang_ddtree_gpu.sh lossless "$STATE/sglang"
+step lossless-hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && bash bench/gpu/sglang_ddtree_gpu.sh lossless-hybrid '$STATE/sglang'"
 step hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure-hybrid '$STATE/sglang'"
 echo "== run_all: $(ls "$STATE" | grep -c '^done-') steps done; $(($(date +%s) - T0)) s in this call"

@@ -46,7 +46,7 @@ def main() -> int:
     failures = 0
     for path in args.candidates:
         cand = json.loads(path.read_text())
-        for batch in ("batch1", "batch16"):
+        for batch in sorted((k for k in base if k.startswith("batch") and k in cand), key=lambda k: int(k[5:])):
             real, ties = 0, 0
             for idx, (ref, got) in enumerate(zip(base[batch], cand[batch], strict=True)):
                 pos = first_divergence(ref, got)
@@ -56,20 +56,24 @@ def main() -> int:
                     import torch
                     from transformers import AutoModelForCausalLM
 
-                    model = AutoModelForCausalLM.from_pretrained(
-                        args.models / "target", torch_dtype=torch.float32
-                    ).to("cuda" if torch.cuda.is_available() else "cpu")
+                    model = AutoModelForCausalLM.from_pretrained(args.models / "target", torch_dtype=torch.float32).to(
+                        "cuda" if torch.cuda.is_available() else "cpu"
+                    )
                 margin = fp32_margin(model, base["prompts"][idx], ref[:pos])
                 kind = "near-tie" if margin < args.tie_margin else "MISMATCH"
-                print(f"{path.name} {batch} prompt {idx}: first divergence at token {pos} "
-                      f"(fp32 margin {margin:.3f}) -> {kind}")
+                print(
+                    f"{path.name} {batch} prompt {idx}: first divergence at token {pos} "
+                    f"(fp32 margin {margin:.3f}) -> {kind}"
+                )
                 if kind == "MISMATCH":
                     real += 1
                 else:
                     ties += 1
             total = len(base[batch])
-            print(f"{path.name} budget={cand.get('budget')} {batch}: {total - real - ties}/{total} identical, "
-                  f"{ties} near-ties, {real} mismatches")
+            print(
+                f"{path.name} budget={cand.get('budget')} {batch}: {total - real - ties}/{total} identical, "
+                f"{ties} near-ties, {real} mismatches"
+            )
             failures += real
     print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures} mismatching prompts)")
     return 0 if failures == 0 else 1

@@ -4,7 +4,8 @@
 #
 #   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
 #
-# STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra. measure starts
+# STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra | lossless |
+# lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check). measure starts
 # 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
 # own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
@@ -118,6 +119,10 @@ PY
     ;;
   all) install_plugin; check_plugin; make_models; "$0" measure "$OUT" ;;
   models-hybrid) make_hybrid_models ;;
+  lossless)  # issue 13 on the pure-attention target: forced deep/branching acceptance, graph vs eager, before/after
+    "$PY" bench/gpu/lossless.py --models "$OUT/models" --work "$OUT/lossless-pure" --label pure --before --sampling ;;
+  lossless-hybrid)  # the same on the hybrid GatedDeltaNet target (models-hybrid first)
+    "$PY" bench/gpu/lossless.py --models "$OUT/models-hybrid" --work "$OUT/lossless-hybrid" --label hybrid --before ;;
   measure-hybrid)
     run_hybrid none 0 run-hybrid-none-0
     run_hybrid DDTREE 16 run-hybrid-DDTREE-16

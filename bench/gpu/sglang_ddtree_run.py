@@ -64,23 +64,46 @@ def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool
     return kwargs
 
 
-def generate(engine, batch: list[list[int]], new_tokens: int) -> list[dict]:
-    params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+def generate(engine, batch: list[list[int]], new_tokens: int, sampling: dict | None = None) -> list[dict]:
+    params = {"temperature": 0.0, **(sampling or {}), "max_new_tokens": new_tokens, "ignore_eos": True}
     out = engine.generate(input_ids=batch, sampling_params=params)
     return out if isinstance(out, list) else [out]
 
 
-def run_equality(engine, vocab: int) -> dict:
+def mark_phase(name: str) -> None:
+    """Tell the worker's test instruments (SGLANG_DDTREE_TEST_STATS) which phase the next rounds belong to."""
+    import os
+
+    stats = os.environ.get("SGLANG_DDTREE_TEST_STATS")
+    if stats:
+        with open(stats, "a") as fh:
+            fh.write(json.dumps({"phase": name}) + "\n")
+
+
+def run_equality(engine, vocab: int, batches: list[int], sampling: dict | None = None) -> dict:
+    """Greedy (or ``sampling``) outputs of 32 prompts x 64 tokens, ``batch`` requests at a time, per batch size."""
     ps = prompts(vocab, 32, 24)
-    result = {}
-    one = [generate(engine, [p], 64)[0]["output_ids"] for p in ps]
-    result["batch1"] = one
-    sixteen = []
-    for start in range(0, len(ps), 16):
-        sixteen += [o["output_ids"] for o in generate(engine, ps[start : start + 16], 64)]
-    result["batch16"] = sixteen
-    result["prompts"] = ps
+    result = {"prompts": ps}
+    for bs in batches:
+        mark_phase(f"batch{bs}")
+        outs = []
+        for start in range(0, len(ps), bs):
+            outs += [o["output_ids"] for o in generate(engine, ps[start : start + bs], 64, sampling)]
+        result[f"batch{bs}"] = outs
     return result
+
+
+def run_sampling(engine, vocab: int, samples: int, params: dict) -> dict:
+    """``samples`` continuations of 4 tokens of ONE fixed prompt at the given sampling parameters (each request
+    request an independent draw): the first token comes from the prefill, tokens 2-4 from speculative rounds."""
+    mark_phase("sampling")
+    prompt = prompts(vocab, 1, 24, seed=11)[0]
+    outs = []
+    for start in range(0, samples, 32):
+        n = min(32, samples - start)
+        out = engine.generate(input_ids=[prompt] * n, sampling_params=dict(params, max_new_tokens=4, ignore_eos=True))
+        outs += [o["output_ids"] for o in (out if isinstance(out, list) else [out])]
+    return {"sampling": {"prompt": prompt, "params": params, "outputs": outs}}
 
 
 def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
@@ -121,7 +144,10 @@ def main() -> int:
     ap.add_argument("--models", required=True, type=Path)
     ap.add_argument("--algo", required=True, choices=["none", "DFLASH", "DDTREE"])
     ap.add_argument("--budget", type=int, default=16)
-    ap.add_argument("--mode", required=True, help="equality, speed or equality,speed")
+    ap.add_argument("--mode", required=True, help="equality, speed, sampling, comma-separated")
+    ap.add_argument("--batches", default="1,16", help="equality: batch sizes (requests at a time)")
+    ap.add_argument("--samples", type=int, default=4000, help="sampling: continuations of one prompt")
+    ap.add_argument("--disable-cuda-graph", action="store_true", help="eager target/drafter (no CUDA graphs)")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs); 2 for the TP-2 run")
@@ -132,8 +158,8 @@ def main() -> int:
     )
     args = ap.parse_args()
     modes = args.mode.split(",")
-    if not modes or set(modes) - {"equality", "speed"}:
-        ap.error(f"--mode {args.mode!r}: use equality, speed or equality,speed")
+    if not modes or set(modes) - {"equality", "speed", "sampling"}:
+        ap.error(f"--mode {args.mode!r}: use equality, speed, sampling (comma-separated)")
 
     import sglang as sgl
 
@@ -142,12 +168,16 @@ def main() -> int:
     kwargs = engine_kwargs(args.models, args.algo, args.budget, args.hybrid_radix_cache)
     if args.tp != 1:
         kwargs["tp_size"] = args.tp
+    if args.disable_cuda_graph:
+        kwargs["disable_cuda_graph"] = True
     engine = sgl.Engine(**kwargs)
     start_s = time.perf_counter() - t0
     try:
         body = {}
         if "equality" in modes:
-            body.update(run_equality(engine, vocab))
+            body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")]))
+        if "sampling" in modes:
+            body.update(run_sampling(engine, vocab, args.samples, {"temperature": 1.0, "top_k": 20, "top_p": 0.9}))
         if "speed" in modes:
             body.update(run_speed(engine, vocab, args.algo, args.repeats))
     finally:
@@ -160,6 +190,7 @@ def main() -> int:
         "engine_start_s": start_s,
         "hybrid": is_hybrid(args.models),
         "disable_radix_cache": kwargs.get("disable_radix_cache", False),
+        "disable_cuda_graph": bool(kwargs.get("disable_cuda_graph", False)),
         **body,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

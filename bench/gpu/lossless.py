@@ -1,0 +1,277 @@
+"""Is DDTREE lossless inside SGLang where it matters: deep, branching accepted paths under CUDA graphs (issue 13).
+
+For one target (pure attention or hybrid GatedDeltaNet) and the triton backend, with CUDA graphs on:
+
+1. ``none``: greedy outputs of 32 prompts x 64 tokens at batch 1, 3 and 16 (and, with --sampling, 4000 draws of
+   tokens 2-4 of one prompt at temperature 1, top_k 20, top_p 0.9);
+2. an oracle file from the batch-1 outputs: the target's own greedy continuation of every prompt, forced into
+   the drafter's distribution at ranks that cycle through ``PATTERN`` (junk ranked above it), so anything
+   accepted is accepted deep and through non-first siblings (sglang_ddtree.sglang.testing);
+3. ``DDTREE`` at each budget with the oracle, the per-round stats and the graph-vs-eager check: after every
+   target verify replayed from a CUDA graph, the same verify runs eagerly and the largest logit difference
+   and argmax disagreements are recorded;
+4. ``--before``: the same at one budget with the plugin's graph hook left out (the capture as before the fix),
+   which must show the defect;
+5. a summary: per budget and batch, prompts identical to no speculation (first divergences at fp32 near-ties
+   are counted apart), the accepted-depth histogram, accepted non-first siblings, graph-vs-eager max |diff|;
+   with --sampling a two-sample chi-square test per token position against no speculation.
+
+Each engine runs in its own process (sglang_ddtree_run.py). Finished runs are kept and skipped when the
+command is repeated with the same --work directory (calls of the GPU host are limited to 10 minutes).
+
+    python bench/gpu/lossless.py --models DIR --work DIR --label pure [--budgets 4,8,16] [--before] [--sampling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+#: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing).
+PATTERN = [1, 1, 1, 2, 1, 1, 3]
+BATCHES = "1,3,16"
+
+
+def run_engine(args, name: str, algo: str, budget: int, modes: str, env_extra: dict[str, str]) -> Path:
+    out = args.work / f"{name}.json"
+    if out.exists():
+        print(f"{name}: done earlier")
+        return out
+    env = dict(os.environ, **env_extra)
+    stats = env_extra.get("SGLANG_DDTREE_TEST_STATS")
+    if stats and Path(stats).exists():
+        Path(stats).unlink()  # a run cut short earlier left partial stats
+    cmd = [
+        sys.executable,
+        str(HERE / "sglang_ddtree_run.py"),
+        "--models",
+        str(args.models),
+        "--algo",
+        algo,
+        "--budget",
+        str(budget),
+        "--mode",
+        modes,
+        "--batches",
+        BATCHES,
+        "--samples",
+        str(args.samples),
+        "--out",
+        str(out),
+    ]
+    print("+", " ".join(cmd), " ".join(f"{k}={v}" for k, v in env_extra.items()), flush=True)
+    subprocess.run(cmd, env=env, check=True)
+    return out
+
+
+def write_oracle(none_run: Path, path: Path) -> None:
+    rec = json.loads(none_run.read_text())
+    items = [{"prompt": p, "continuation": c} for p, c in zip(rec["prompts"], rec["batch1"], strict=True)]
+    path.write_text(json.dumps({"items": items, "ranks": PATTERN}))
+
+
+def read_stats(path: Path) -> dict[str, list[dict]]:
+    """Stats lines grouped by the phase the runner marked before them."""
+    phases: dict[str, list[dict]] = {}
+    current = "start"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if "phase" in rec:
+            current = rec["phase"]
+            continue
+        phases.setdefault(current, []).append(rec)
+    return phases
+
+
+def summarize_stats(rounds: list[dict]) -> dict:
+    hist: Counter = Counter()
+    nonfirst = 0
+    diffs, argmax_diff, graph_rounds = [], 0, 0
+    for rec in rounds:
+        hist.update(rec["accept_len"])
+        nonfirst += sum(rec["nonfirst"])
+        graph_rounds += bool(rec.get("graph"))
+        if "graph_vs_eager_max_abs" in rec:
+            diffs.append(rec["graph_vs_eager_max_abs"])
+            argmax_diff += rec["graph_vs_eager_argmax_diff"]
+    return {
+        "rounds": len(rounds),
+        "graph_rounds": graph_rounds,
+        "accepted_depth_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "max_accepted_depth": max(hist) if hist else 0,
+        "nonfirst_sibling_accepts": nonfirst,
+        "graph_vs_eager_max_abs": max(diffs) if diffs else None,
+        "graph_vs_eager_checked_rounds": len(diffs),
+        "graph_vs_eager_argmax_diff_nodes": argmax_diff,
+    }
+
+
+def equality(args, base: dict, cand: dict, batch: str, model_cache: dict) -> dict:
+    from sglang_ddtree_compare import first_divergence, fp32_margin
+
+    identical, ties, mismatches = 0, 0, []
+    for idx, (ref, got) in enumerate(zip(base[batch], cand[batch], strict=True)):
+        pos = first_divergence(ref, got)
+        if pos is None:
+            identical += 1
+            continue
+        if "model" not in model_cache:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            model_cache["model"] = AutoModelForCausalLM.from_pretrained(
+                args.models / "target", torch_dtype=torch.float32
+            ).to("cuda" if torch.cuda.is_available() else "cpu")
+        margin = fp32_margin(model_cache["model"], base["prompts"][idx], ref[:pos])
+        if margin < args.tie_margin:
+            ties += 1
+        else:
+            mismatches.append({"prompt": idx, "token": pos, "fp32_margin": round(margin, 3)})
+    return {"identical": identical, "near_ties": ties, "mismatches": len(mismatches), "mismatch_detail": mismatches[:8]}
+
+
+def chi_square(a: list[int], b: list[int], min_count: int = 5) -> dict:
+    """Two-sample chi-square homogeneity test of two samples of tokens; rare tokens pooled into one cell.
+
+    Returns the statistic, degrees of freedom and the 0.001 critical value (Wilson-Hilferty approximation)."""
+    ca, cb = Counter(a), Counter(b)
+    keys = [k for k in set(ca) | set(cb) if ca[k] + cb[k] >= min_count]
+    rest_a = sum(v for k, v in ca.items() if k not in keys)
+    rest_b = sum(v for k, v in cb.items() if k not in keys)
+    cells = [(ca[k], cb[k]) for k in keys] + ([(rest_a, rest_b)] if rest_a + rest_b else [])
+    na, nb = sum(ca.values()), sum(cb.values())
+    stat = 0.0
+    for xa, xb in cells:
+        total = xa + xb
+        ea, eb = total * na / (na + nb), total * nb / (na + nb)
+        stat += (xa - ea) ** 2 / ea + (xb - eb) ** 2 / eb
+    df = max(len(cells) - 1, 1)
+    z = 3.090  # one-sided 0.001
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return {
+        "statistic": round(stat, 2),
+        "df": df,
+        "critical_0.001": round(critical, 2),
+        "cells": len(cells),
+        "samples": [na, nb],
+        "pass": stat < critical,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", required=True, type=Path)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--label", required=True, choices=["pure", "hybrid"])
+    ap.add_argument("--budgets", default="4,8,16")
+    ap.add_argument("--before", action="store_true", help="also run budget 16 without the graph hook")
+    ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at budget 16")
+    ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument("--tie-margin", type=float, default=1.0)
+    ap.add_argument("--result", type=Path, help="summary JSON (bench/results/lossless-*.json layout)")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    budgets = [int(b) for b in args.budgets.split(",")]
+
+    none_modes = "equality,sampling" if args.sampling else "equality"
+    none_run = run_engine(args, "none", "none", 0, none_modes, {})
+    oracle = args.work / "oracle.json"
+    write_oracle(none_run, oracle)
+
+    runs = []  # (name, budget, fixed)
+    configs = [(f"ddtree-b{b}", b, True) for b in budgets]
+    if args.before:
+        configs.append(("ddtree-b16-before", 16, False))
+    for name, budget, fixed in configs:
+        env = {
+            "SGLANG_DDTREE_TEST_ORACLE": str(oracle),
+            "SGLANG_DDTREE_TEST_STATS": str(args.work / f"{name}.jsonl"),
+            "SGLANG_DDTREE_TEST_GRAPH_CHECK": "1",
+        }
+        if not fixed:
+            env["SGLANG_DDTREE_TEST_SKIP_HOOKS"] = "graph_get_spec_info"
+        modes = "equality,sampling" if (args.sampling and fixed and budget == max(budgets)) else "equality"
+        try:
+            run_engine(args, name, "DDTREE", budget, modes, env)
+        except subprocess.CalledProcessError as exc:
+            print(f"{name}: engine run failed ({exc.returncode})", flush=True)
+            continue
+        runs.append((name, budget, fixed))
+
+    base = json.loads(none_run.read_text())
+    import sglang
+
+    rows, cache = [], {}
+    samplings = {}
+    for name, budget, fixed in runs:
+        cand = json.loads((args.work / f"{name}.json").read_text())
+        phases = read_stats(args.work / f"{name}.jsonl")
+        for batch in BATCHES.split(","):
+            key = f"batch{batch}"
+            stats = summarize_stats(phases.get(key, []))
+            eq = equality(args, base, cand, key, cache)
+            rows.append(
+                {
+                    "backend": "triton",
+                    "target": args.label,
+                    "batch": int(batch),
+                    "budget": budget,
+                    "graph_mask_fix": fixed,
+                    "prompts": len(base[key]),
+                    **eq,
+                    **stats,
+                }
+            )
+        if "sampling" in cand:
+            pos_tests = {}
+            for pos in (1, 2, 3):
+                pos_tests[f"token{pos + 1}"] = chi_square(
+                    [o[pos] for o in base["sampling"]["outputs"]], [o[pos] for o in cand["sampling"]["outputs"]]
+                )
+            samplings[name] = {
+                "params": cand["sampling"]["params"],
+                "tests": pos_tests,
+                "rounds": summarize_stats(phases.get("sampling", [])),
+            }
+    summary = {
+        "sglang": sglang.__version__,
+        "date": datetime.date.today().isoformat(),
+        "pattern": PATTERN,
+        "rows": rows,
+        "sampling": samplings,
+    }
+    text = json.dumps(summary, indent=1)
+    (args.work / f"lossless-{args.label}.json").write_text(text)
+    if args.result:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        args.result.write_text(text)
+    print(
+        "| target | fix | budget | batch | identical | ties | mismatch | max depth | non-first | graph-eager max|d| |"
+        " argmax diff |"
+    )
+    for r in rows:
+        print(
+            f"| {r['target']} | {r['graph_mask_fix']} | {r['budget']} | {r['batch']} | {r['identical']}/{r['prompts']}"
+            f" | {r['near_ties']} | {r['mismatches']} | {r['max_accepted_depth']} | {r['nonfirst_sibling_accepts']}"
+            f" | {r['graph_vs_eager_max_abs']} | {r['graph_vs_eager_argmax_diff_nodes']} |"
+        )
+    for name, rec in samplings.items():
+        print(name, json.dumps(rec["tests"]))
+    fixed_rows = [r for r in rows if r["graph_mask_fix"]]
+    ok = all(r["mismatches"] == 0 for r in fixed_rows) and all(
+        t["pass"] for rec in samplings.values() for t in rec["tests"].values()
+    )
+    print("RESULT:", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
