@@ -99,12 +99,15 @@ def test_stats(cli_models, tmp_path, capsys):
             "10",
             "--json",
             "--chat",
+            "--dflash",
         ]
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["prompts"] == 3
-    assert set(report["budgets"]) == {"1", "8"}
+    assert set(report["budgets"]) == {"dflash", "1", "8"}
+    # the chain verifies block_size - 1 = 3 draft tokens: at most 4 tokens per round
+    assert max(int(k) for k in report["budgets"]["dflash"]["histogram"]) <= 4
     for stats in report["budgets"].values():
         assert stats["rounds"] > 0 and stats["mean_accept_length"] >= 1.0
         assert sum(stats["histogram"].values()) == stats["rounds"]
@@ -159,5 +162,30 @@ def test_module_entry_point():
         [sys.executable, "-m", "sglang_ddtree", "--help"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0
-    for command in ("generate", "stats", "make-tiny"):
+    for command in ("generate", "stats", "make-tiny", "check-drafter"):
         assert command in proc.stdout
+
+
+def test_check_drafter(cli_models, tmp_path, capsys):
+    assert main(["check-drafter", str(cli_models / "drafter")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["consumer"] == "sglang" and report["weights_checked"]
+    assert report["spec"]["block_size"] == 4
+    cfg = json.loads((cli_models / "drafter" / "config.json").read_text())
+    cfg["output_multiplier"] = 2.0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["check-drafter", str(tmp_path), "--consumer", "reference"]) == 0  # the reference honours it
+    capsys.readouterr()
+    assert main(["check-drafter", str(tmp_path)]) == 1  # DDTREE in SGLang does not
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"] and "output_multiplier=2.0" in report["problems"][0]
+
+
+def test_check_drafter_module_exit_status(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DFlash2DraftModel"]}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_ddtree", "check-drafter", str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert "DDTREE does not support DFlash2 drafters yet" in report["problems"][0]

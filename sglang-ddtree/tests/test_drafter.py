@@ -116,8 +116,26 @@ def test_model_prefix_is_accepted(drafter_bundle, tmp_path):
         (lambda cfg, sd: cfg.update(architectures=["Qwen3ForCausalLM"]), "not a DFlash drafter"),
         (lambda cfg, sd: sd.pop("norm.weight"), "lacks weights"),
         (lambda cfg, sd: sd.update({"fc.weight": torch.zeros(3, 3)}), "fc.weight"),
-        (lambda cfg, sd: cfg.update(layer_types=["sliding_attention"]), "full_attention"),
+        (lambda cfg, sd: cfg.update(layer_types=["sliding_attention"]), "use_sliding_window is not true"),
         (lambda cfg, sd: cfg["dflash_config"].update(block_size=1), "block_size=1"),
+        (lambda cfg, sd: cfg.update(architectures=["DFlash2DraftModel"]), "does not support DFlash2 drafters"),
+        (lambda cfg, sd: cfg["dflash_config"].update(selector_top_k=16), "selector_top_k=16 marks a DFlash2"),
+        (
+            lambda cfg, sd: sd.update({"candidate_selector.hidden_projection.weight": torch.zeros(4, 64)}),
+            r"DFlash2 weights \['candidate_selector.hidden_projection.weight'\]",
+        ),
+        (
+            lambda cfg, sd: sd.update({"layers.0.attention_conv.base_kernel": torch.zeros(2, 3, 64)}),
+            "does not support DFlash2",
+        ),
+        (lambda cfg, sd: sd.update({"lm_head.weight": torch.zeros(3, 64)}), r"unexpected weights \['lm_head.weight'\]"),
+        (
+            lambda cfg, sd: (cfg["dflash_config"].pop("target_layer_ids"), cfg.pop("num_target_layers")),
+            "neither dflash_config.target_layer_ids nor num_target_layers",
+        ),
+        (lambda cfg, sd: cfg.pop("head_dim"), "missing required field 'head_dim'"),
+        (lambda cfg, sd: cfg["dflash_config"].pop("mask_token_id"), "no mask_token_id"),
+        (lambda cfg, sd: cfg.update(hidden_act="gelu"), "hidden_act='gelu'"),
     ],
 )
 def test_bad_checkpoints_are_named(mutate, message, drafter_bundle, tmp_path):
@@ -134,3 +152,31 @@ def test_bad_checkpoints_are_named(mutate, message, drafter_bundle, tmp_path):
 def test_missing_directory_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"no config\.json"):
         DFlashDrafter.from_pretrained(tmp_path / "nope")
+
+
+def test_target_layer_ids_default_from_num_target_layers(drafter_bundle, tmp_path):
+    """Without target_layer_ids, z-lab's default from num_target_layers (1 draft layer: the middle layer)."""
+    _, cfg, sd, _ = drafter_bundle
+    cfg = json.loads(json.dumps(cfg))
+    cfg["dflash_config"].pop("target_layer_ids")
+    cfg["num_target_layers"] = 6
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    nfeat = sd["fc.weight"].shape[1] // cfg["hidden_size"]
+    sd = dict(sd)
+    sd["fc.weight"] = sd["fc.weight"][:, : sd["fc.weight"].shape[1] // nfeat]
+    save_file({k: v.float().contiguous() for k, v in sd.items()}, str(tmp_path / "model.safetensors"))
+    assert DFlashDrafter.from_pretrained(tmp_path).target_layer_ids == [3]
+
+
+def test_every_problem_is_listed(drafter_bundle, tmp_path):
+    """Several bad fields: one error naming each of them."""
+    _, cfg, sd, _ = drafter_bundle
+    cfg = json.loads(json.dumps(cfg))
+    cfg.update(architectures=["DFlash2DraftModel"], hidden_act="gelu")
+    cfg.pop("intermediate_size")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.float().contiguous() for k, v in sd.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError) as info:
+        DFlashDrafter.from_pretrained(tmp_path)
+    text = str(info.value)
+    assert "DFlash2" in text and "hidden_act='gelu'" in text and "'intermediate_size'" in text

@@ -7,7 +7,7 @@ import torch
 from ddtree_testlib import naive_children
 
 from sglang_ddtree.reference import generate, greedy_generate, tree_attention_mask
-from sglang_ddtree.reference.engine import _new_cache
+from sglang_ddtree.reference.engine import _new_cache, chain_tree
 from sglang_ddtree.tree import build_tree
 
 pytestmark = pytest.mark.slow
@@ -165,6 +165,8 @@ def test_sampling_path_wiring(tiny_aligned):
         ({"max_new_tokens": 0}, "max_new_tokens=0"),
         ({"temperature": -1.0}, "temperature=-1.0"),
         ({"input_ids": []}, "input_ids"),
+        ({"mode": "eagle"}, "mode='eagle'"),
+        ({"budget": None}, "budget=None"),
     ],
 )
 def test_bad_arguments(kwargs, message, tiny_random):
@@ -173,3 +175,53 @@ def test_bad_arguments(kwargs, message, tiny_random):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         generate(target, drafter, **args)
+
+
+# ---- DFLASH chain mode -------------------------------------------------------------------------------------------
+
+
+def test_chain_tree_is_the_argmax_chain():
+    """chain_tree equals build_tree's tree when the drafter is so peaked that the best D prefixes are the chain."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn((2, 5, 40), generator=gen, dtype=torch.float64)
+    logits.scatter_(2, logits.argmax(-1, keepdim=True), 60.0)
+    chain = chain_tree(logits)
+    tree = build_tree(logits, 5)
+    assert torch.equal(chain.tokens, logits.argmax(-1))
+    for name in ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "ranks"):
+        assert torch.equal(getattr(chain, name), getattr(tree, name)), name
+    torch.testing.assert_close(chain.scores, tree.scores)
+    torch.testing.assert_close(chain.logprobs, tree.logprobs)
+    assert chain.max_depth == tree.max_depth == 5
+
+
+@pytest.mark.parametrize("fixture", ["tiny_random", "tiny_aligned"])
+def test_chain_mode_is_lossless_and_reports_tau(fixture, request):
+    target, drafter = request.getfixturevalue(fixture)
+    for prompt in (PROMPT, [11, 40, 7, 30], [1, 2, 3]):
+        expected = plain_greedy_no_cache(target, prompt, 30)
+        result = generate(target, drafter, prompt, 30, None, mode="dflash")
+        assert result.tokens == expected
+        assert all(1 <= a <= drafter.block_size for a in result.accept_lengths)
+        assert sum(result.accept_lengths) + 1 >= len(result.tokens)
+        assert result.mean_accept_length == sum(result.accept_lengths) / len(result.accept_lengths)
+    if fixture == "tiny_aligned":
+        assert result.mean_accept_length > 1.5
+
+
+def test_chain_mode_stops_and_max_new_tokens(tiny_random):
+    target, drafter = tiny_random
+    free = plain_greedy_no_cache(target, PROMPT, 24)
+    stop = free[5]
+    result = generate(target, drafter, PROMPT, 24, None, stop_token_ids=[stop], mode="dflash")
+    assert result.tokens == free[: free.index(stop) + 1] and result.stopped
+    assert generate(target, drafter, PROMPT, 7, 3, mode="dflash").tokens == free[:7]
+
+
+def test_chain_mode_sampling_is_seeded(tiny_aligned):
+    target, drafter = tiny_aligned
+    a = generate(target, drafter, [11, 50, 7, 90], 20, None, temperature=1.0, seed=3, mode="dflash")
+    b = generate(target, drafter, [11, 50, 7, 90], 20, None, temperature=1.0, seed=3, mode="dflash")
+    assert a.tokens == b.tokens and len(a.tokens) == 20
+    cold = generate(target, drafter, [11, 50, 7, 90], 20, None, temperature=1e-4, seed=5, mode="dflash")
+    assert cold.tokens == greedy_generate(target, [11, 50, 7, 90], 20)

@@ -1,10 +1,14 @@
-"""Command line: ``python -m sglang_ddtree {generate,stats,make-tiny}``.
+"""Command line: ``python -m sglang_ddtree {generate,stats,make-tiny,check-drafter}``.
 
 * ``make-tiny OUT``: write a tiny random Qwen3 target and DFlash drafter (see ``reference.tiny``).
 * ``generate``: DDTree-decode one prompt with the reference engine on local model directories; prints the
   text and acceptance statistics (``--check`` also runs plain greedy decoding and compares).
 * ``stats``: run many prompts (a text file, one prompt per line, or JSONL with a "prompt" field) for one or
-  more budgets and print acceptance-length statistics (mean tokens per verify pass, histogram).
+  more budgets and print acceptance-length statistics (mean tokens per verify pass, histogram); ``--dflash``
+  adds the drafter's argmax chain (DFLASH) as a row.
+* ``check-drafter PATH``: can this DFlash drafter checkpoint be served exactly (``--consumer reference`` or
+  ``sglang``)? Prints one JSON object (``ok``, ``problems``, the resolved ``spec``); exit status 1 on a refusal,
+  2 on a usage error. Reads config.json and the safetensors headers only (no torch, no tensor data).
 """
 
 from __future__ import annotations
@@ -90,6 +94,16 @@ def _build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--prompts", type=Path, required=True, help="text file (one prompt per line) or .jsonl")
     stats.add_argument("--budgets", type=_parse_budgets, default=[16])
     stats.add_argument("--limit", type=_positive_int, default=None, help="use only the first LIMIT prompts")
+    stats.add_argument("--dflash", action="store_true", help="also measure DFLASH's argmax chain (row 'dflash')")
+
+    check = sub.add_parser("check-drafter", help="can this DFlash drafter checkpoint be served exactly? (JSON)")
+    check.add_argument("path", type=Path, help="drafter checkpoint directory (config.json, *.safetensors)")
+    check.add_argument(
+        "--consumer",
+        choices=("reference", "sglang"),
+        default="sglang",
+        help="who serves it: the DDTREE plugin in SGLang (default) or the reference drafter",
+    )
     return parser
 
 
@@ -240,16 +254,20 @@ def _cmd_stats(args) -> int:
     target, drafter, tokenizer = _load(args)
     stops = _stop_ids(tokenizer, args)
     encoded = [_encode(tokenizer, p, args.chat) for p in prompts]
-    per_budget: dict[int, list[int]] = {b: [] for b in args.budgets}
-    tokens: dict[int, int] = {b: 0 for b in args.budgets}
-    jobs = [(b, ids) for b in args.budgets for ids in encoded]
-    for budget, ids in tqdm(jobs, desc="prompts", unit="prompt", file=sys.stderr, disable=args.json):
-        result = generate(target, drafter, ids, args.max_new_tokens, budget, args.temperature, stops, seed=args.seed)
-        per_budget[budget].extend(result.accept_lengths)
-        tokens[budget] += len(result.tokens)
+    rows: list[int | str] = (["dflash"] if args.dflash else []) + list(args.budgets)
+    per_row: dict[int | str, list[int]] = {r: [] for r in rows}
+    tokens: dict[int | str, int] = {r: 0 for r in rows}
+    jobs = [(r, ids) for r in rows for ids in encoded]
+    for row, ids in tqdm(jobs, desc="prompts", unit="prompt", file=sys.stderr, disable=args.json):
+        mode, budget = ("dflash", None) if row == "dflash" else ("ddtree", row)
+        result = generate(
+            target, drafter, ids, args.max_new_tokens, budget, args.temperature, stops, seed=args.seed, mode=mode
+        )
+        per_row[row].extend(result.accept_lengths)
+        tokens[row] += len(result.tokens)
     report = {
         "prompts": len(prompts),
-        "budgets": {str(b): {"tokens": tokens[b], **_summary(per_budget[b])} for b in args.budgets},
+        "budgets": {str(r): {"tokens": tokens[r], **_summary(per_row[r])} for r in rows},
     }
     if args.json:
         print(json.dumps(report))
@@ -257,13 +275,26 @@ def _cmd_stats(args) -> int:
         print(f"prompts: {len(prompts)}  max_new_tokens: {args.max_new_tokens}  temperature: {args.temperature}")
         print("| budget | rounds | tokens | mean acceptance length |")
         print("|---:|---:|---:|---:|")
-        for b in args.budgets:
-            s = report["budgets"][str(b)]
-            print(f"| {b} | {s['rounds']} | {s['tokens']} | {s['mean_accept_length']:.3f} |")
+        for r in rows:
+            s = report["budgets"][str(r)]
+            print(f"| {r} | {s['rounds']} | {s['tokens']} | {s['mean_accept_length']:.3f} |")
     return 0
+
+
+def _cmd_check_drafter(args) -> int:
+    from .drafter_config import check_drafter_dir
+
+    report = check_drafter_dir(args.path, args.consumer)
+    print(json.dumps(report, indent=1, sort_keys=True))
+    return 0 if report["ok"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    handlers = {"make-tiny": _cmd_make_tiny, "generate": _cmd_generate, "stats": _cmd_stats}
+    handlers = {
+        "make-tiny": _cmd_make_tiny,
+        "generate": _cmd_generate,
+        "stats": _cmd_stats,
+        "check-drafter": _cmd_check_drafter,
+    }
     return handlers[args.command](args)

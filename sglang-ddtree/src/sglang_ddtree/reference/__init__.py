@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .drafter import DFlashDrafter, DrafterCache, load_drafter_config
-from .engine import GenerateResult, generate, greedy_generate, tree_attention_mask
+from .engine import GenerateResult, chain_tree, generate, greedy_generate, tree_attention_mask
 from .tiny import TinyModels, make_tiny_models, make_tokenizer
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "DrafterCache",
     "GenerateResult",
     "TinyModels",
+    "chain_tree",
     "generate",
     "greedy_generate",
     "load_drafter_config",

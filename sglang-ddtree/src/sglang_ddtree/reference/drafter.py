@@ -1,15 +1,22 @@
 """A DFlash block-diffusion drafter (z-lab DFlash checkpoint format) as a plain torch module.
 
-Semantics follow SGLang's ``sglang/srt/models/dflash.py`` (``DFlashDraftModel``) and z-lab/dflash:
+Semantics follow z-lab's ``dflash`` package (``DFlashDraftModel`` in ``dflash/model.py``, dflash 0.1.0; a CI test
+loads the same weights into both and compares logits) and SGLang's ``sglang/srt/models/dflash.py``:
 
 * context features: for every committed token, the target's hidden states after the layers in
   ``dflash_config.target_layer_ids`` (Hugging Face ``hidden_states[i + 1]``) are concatenated and projected,
   ``ctx = hidden_norm(fc(concat))``; each draft layer turns ``ctx`` into keys/values with its own k/v
   projections, ``k_norm`` and RoPE at the token's position (no input layernorm on the context);
 * one block: the root (last verified) token followed by ``block_size - 1`` mask tokens, embedded with the
-  TARGET's embedding, at positions ``start .. start + block_size - 1``; the block attends, without a causal
-  mask, to all context keys and to the whole block;
-* draft logits: the TARGET's lm_head applied to the final-normed hidden states at block positions 1..D.
+  TARGET's embedding matrix times ``input_embedding_scale``, at positions ``start .. start + block_size - 1``;
+  the block attends to all context keys and to the whole block (without a mask unless the config makes a layer
+  causal or sliding, see :mod:`sglang_ddtree.drafter_config`);
+* draft logits (:meth:`DFlashDrafter.compute_logits`): the TARGET's lm_head applied to the final-normed hidden
+  states at block positions 1..D, times ``output_multiplier``, soft-capped by ``final_logit_softcapping``.
+
+Which checkpoints load is decided by :func:`sglang_ddtree.drafter_config.check_drafter_config` (config) and
+:func:`~sglang_ddtree.drafter_config.check_drafter_weights` (weights): DFlash2 checkpoints, extra or missing
+weights and configs without target layers are refused with a message naming the field.
 
 Weight names (as SGLang loads them): ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
@@ -30,33 +37,55 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["DFlashDrafter", "DrafterCache", "default_target_layer_ids", "load_drafter_config"]
+from ..drafter_config import (
+    DrafterConfigError,
+    DrafterSpec,
+    check_drafter_config,
+    check_drafter_weights,
+    default_target_layer_ids,
+    resolve_drafter_config,
+)
 
-
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default choice of target layers when ``target_layer_ids`` is absent."""
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    span = end - start
-    return [round(start + (i * span) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+__all__ = ["DFlashDrafter", "DrafterCache", "attention_visibility", "default_target_layer_ids", "load_drafter_config"]
 
 
 def load_drafter_config(path: str | Path) -> dict[str, Any]:
-    """Read and validate a DFlash drafter's config.json; raises ValueError naming the bad field."""
+    """Read a DFlash drafter's config.json; raises ValueError (DrafterConfigError) naming every bad field."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"drafter directory {str(path)!r} has no config.json; pass a DFlash checkpoint directory")
     cfg = json.loads(cfg_path.read_text())
-    archs = cfg.get("architectures") or []
-    if not any("DFlash" in a for a in archs):
-        raise ValueError(
-            f"{cfg_path}: architectures={archs!r} is not a DFlash drafter; expected e.g. ['DFlashDraftModel']"
-        )
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
-        if key not in cfg:
-            raise ValueError(f"{cfg_path}: missing required field {key!r}")
+    problems = check_drafter_config(cfg, "reference")
+    if problems:
+        raise DrafterConfigError(problems, str(cfg_path))
     return cfg
+
+
+def attention_visibility(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, sliding_window: int | None
+) -> torch.Tensor | None:
+    """Which keys each block query sees (z-lab's ``_attention_mask``), or None when it sees all of them.
+
+    Args:
+        q_pos: int [B, L] positions of the block queries; k_pos: int [B, K] positions of the keys (context then
+            block). z-lab compares cache indices, which equal positions when the context starts at position 0.
+
+    Returns:
+        bool [B, 1, L, K]: causal keeps ``k <= q``; a window keeps ``q - k < W`` (and ``k - q < W`` when not
+        causal).
+    """
+    if not causal and sliding_window is None:
+        return None
+    q = q_pos[:, None, :, None]
+    k = k_pos[:, None, None, :]
+    visible = torch.ones(torch.broadcast_shapes(q.shape, k.shape), dtype=torch.bool, device=q_pos.device)
+    if causal:
+        visible &= k <= q
+    if sliding_window is not None:
+        visible &= q - k < sliding_window
+        if not causal:
+            visible &= k - q < sliding_window
+    return visible
 
 
 class _RMSNorm(nn.Module):
@@ -84,10 +113,12 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 @dataclass
 class DrafterCache:
-    """Per-layer keys/values of the committed context (after k_norm and RoPE): [B, kv_heads, T, head_dim]."""
+    """Per-layer keys/values of the committed context (after k_norm and RoPE): [B, kv_heads, T, head_dim], and
+    their positions, int [B, T] (for causal / sliding-window drafter layers)."""
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    positions: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -95,14 +126,14 @@ class DrafterCache:
 
 
 class _Attention(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
-        hidden = int(cfg["hidden_size"])
-        self.num_heads = int(cfg["num_attention_heads"])
-        self.num_kv_heads = int(cfg.get("num_key_value_heads", self.num_heads))
-        self.head_dim = int(cfg.get("head_dim") or hidden // self.num_heads)
-        bias = bool(cfg.get("attention_bias", False))
-        eps = float(cfg.get("rms_norm_eps", 1e-6))
+        hidden = spec.hidden_size
+        self.num_heads = spec.num_attention_heads
+        self.num_kv_heads = spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        bias = spec.attention_bias
+        eps = spec.rms_norm_eps
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
@@ -124,6 +155,7 @@ class _Attention(nn.Module):
         ctx_rope: tuple[torch.Tensor, torch.Tensor] | None,
         cache: DrafterCache | None,
         layer_idx: int,
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
         bsz, length, _ = x.shape
         cos, sin = rope
@@ -154,18 +186,17 @@ class _Attention(nn.Module):
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).reshape(bsz, length, self.num_heads * self.head_dim)
         return self.o_proj(out)
 
 
 class _MLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
-        hidden, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"drafter hidden_act={act!r} is not supported by the reference drafter; only 'silu'")
+        hidden, inter = spec.hidden_size, spec.intermediate_size
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
@@ -175,14 +206,12 @@ class _MLP(nn.Module):
 
 
 class _Layer(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
-        eps = float(cfg.get("rms_norm_eps", 1e-6))
-        hidden = int(cfg["hidden_size"])
-        self.input_layernorm = _RMSNorm(hidden, eps)
-        self.self_attn = _Attention(cfg)
-        self.post_attention_layernorm = _RMSNorm(hidden, eps)
-        self.mlp = _MLP(cfg)
+        self.input_layernorm = _RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = _Attention(spec)
+        self.post_attention_layernorm = _RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = _MLP(spec)
 
 
 class DFlashDrafter(nn.Module):
@@ -191,40 +220,25 @@ class DFlashDrafter(nn.Module):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = dict(config)
-        cfg = self.config
-        dflash = dict(cfg.get("dflash_config") or {})
-        layer_types = cfg.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ValueError(
-                f"drafter layer_types={layer_types!r}: the reference drafter supports only 'full_attention' layers"
-            )
-        self.num_layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        eps = float(cfg.get("rms_norm_eps", 1e-6))
-        block_size = dflash.get("block_size", cfg.get("block_size"))
-        if block_size is None or int(block_size) < 2:
-            raise ValueError(f"drafter block_size={block_size!r} is invalid: need an int >= 2 in dflash_config")
-        self.block_size = int(block_size)
-        layer_ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
-        if layer_ids is None:
-            num_target = int(dflash.get("num_target_layers", cfg.get("num_target_layers", self.num_layers)))
-            layer_ids = default_target_layer_ids(num_target, self.num_layers)
-        self.target_layer_ids = [int(i) for i in layer_ids]
-        mask_id = dflash.get("mask_token_id", cfg.get("mask_token_id"))
-        self.mask_token_id = None if mask_id is None else int(mask_id)
-        self.mask_token = dflash.get("mask_token", "<|MASK|>")
-        self.layers = nn.ModuleList([_Layer(cfg) for _ in range(self.num_layers)])
-        self.norm = _RMSNorm(hidden, eps)
-        self.hidden_norm = _RMSNorm(hidden, eps)
-        self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
-        head_dim = int(cfg.get("head_dim") or hidden // int(cfg["num_attention_heads"]))
-        self._rope = _make_rope(cfg, head_dim)
+        spec = resolve_drafter_config(self.config)
+        self.spec = spec
+        self.num_layers = spec.num_hidden_layers
+        self.block_size = spec.block_size
+        self.target_layer_ids = list(spec.target_layer_ids)
+        self.mask_token_id = spec.mask_token_id
+        self.mask_token = spec.mask_token
+        self.layers = nn.ModuleList([_Layer(spec) for _ in range(self.num_layers)])
+        self.norm = _RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.hidden_norm = _RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.fc = nn.Linear(len(self.target_layer_ids) * spec.hidden_size, spec.hidden_size, bias=False)
+        self._rope = _make_rope(self.config, spec.head_dim)
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
     ) -> DFlashDrafter:
-        """Load a z-lab DFlash checkpoint directory (config.json + *.safetensors)."""
+        """Load a z-lab DFlash checkpoint directory (config.json + *.safetensors); refuses what it cannot serve
+        exactly (DFlash2, unexpected or missing weights, unknown target layers, ...) with a ValueError."""
         from safetensors import safe_open
 
         cfg = load_drafter_config(path)
@@ -236,21 +250,33 @@ class DFlashDrafter(nn.Module):
         for f in files:
             with safe_open(str(f), framework="pt") as fh:
                 for name in fh.keys():
-                    state[name.removeprefix("model.")] = fh.get_tensor(name)
-        own = dict(model.named_parameters())
-        missing = sorted(set(own) - set(state))
-        if missing:
-            raise ValueError(f"drafter checkpoint {str(path)!r} lacks weights {missing[:5]}")
+                    state[name] = fh.get_tensor(name)
+        problems = check_drafter_weights(model.spec, {name: tuple(t.shape) for name, t in state.items()})
+        if problems:
+            raise DrafterConfigError(problems, f"drafter checkpoint {str(path)!r}")
+        state = {name.removeprefix("model."): t for name, t in state.items()}
         with torch.no_grad():
-            for name, param in own.items():
-                if tuple(state[name].shape) != tuple(param.shape):
-                    raise ValueError(
-                        f"drafter weight {name!r} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}"
-                    )
+            for name, param in model.named_parameters():
                 param.copy_(state[name])
         if dtype is None:
             dtype = _config_dtype(cfg)
         return model.to(device=device, dtype=dtype).eval()
+
+    def noise_embedding(self, embed_weight: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+        """[B, L, H] block embeddings: the target's embedding rows times ``input_embedding_scale`` (as z-lab).
+
+        Args:
+            embed_weight: [V, H] the target's input embedding matrix; block_ids: int [B, L].
+        """
+        return F.embedding(block_ids, embed_weight) * self.spec.input_embedding_scale
+
+    def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """[..., V] draft logits of hidden states [..., H]: lm_head, ``output_multiplier``, soft-capping (z-lab)."""
+        logits = lm_head(hidden) * self.spec.output_multiplier
+        cap = self.spec.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def new_cache(self) -> DrafterCache:
         return DrafterCache()
@@ -283,17 +309,29 @@ class DFlashDrafter(nn.Module):
         dtype = self.fc.weight.dtype
         h = noise_embedding.to(dtype)
         rope = self._rope(positions, dtype)
+        if positions.dim() == 1:
+            positions = positions[None]
         ctx = None
         ctx_rope = None
+        key_pos = [] if cache is None or cache.positions is None else [cache.positions]
         if ctx_features is not None and ctx_features.shape[1] > 0:
             if ctx_positions is None:
                 raise ValueError("ctx_positions is required with ctx_features")
+            if ctx_positions.dim() == 1:
+                ctx_positions = ctx_positions[None]
             ctx = self.hidden_norm(self.fc(ctx_features.to(dtype)))
             ctx_rope = self._rope(ctx_positions, dtype)
+            key_pos.append(ctx_positions.to(positions.device))
+        key_pos = torch.cat([*key_pos, positions], dim=1)
         for idx, layer in enumerate(self.layers):
+            sliding = self.spec.layer_types[idx] == "sliding_attention"
+            window = self.spec.sliding_window if sliding else None
+            visible = attention_visibility(positions, key_pos, self.spec.causal[idx], window)
             x = layer.input_layernorm(h)
-            h = h + layer.self_attn(x, rope, ctx, ctx_rope, cache, idx)
+            h = h + layer.self_attn(x, rope, ctx, ctx_rope, cache, idx, visible)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if cache is not None and ctx is not None:
+            cache.positions = key_pos[:, : key_pos.shape[1] - positions.shape[1]]
         return self.norm(h)
 
 

@@ -10,6 +10,9 @@ A round:
 5. KV-cache compaction: keep the prefix and the accepted path's entries, in depth order;
 6. the accepted nodes' target hidden states become the drafter's next context.
 
+``mode="dflash"`` replaces step 2 by the drafter's argmax chain (D nodes, one per depth: what DFLASH verifies),
+so DFLASH and DDTREE acceptance lengths come from one engine.
+
 This is the oracle the serving plugin is compared against and a tool for offline acceptance statistics.
 """
 
@@ -20,11 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..tree import build_tree
+from ..tree import DraftTree, build_tree
 from ..verify import greedy_walk, sampling_walk
 from .drafter import DFlashDrafter
 
-__all__ = ["GenerateResult", "generate", "greedy_generate", "tree_attention_mask"]
+__all__ = ["MODES", "GenerateResult", "chain_tree", "generate", "greedy_generate", "tree_attention_mask"]
+
+#: Drafting modes of :func:`generate`: a DDTree of ``budget`` nodes, or DFLASH's argmax chain.
+MODES = ("ddtree", "dflash")
 
 
 @dataclass
@@ -59,6 +65,40 @@ def tree_attention_mask(ancestors: torch.Tensor, prefix_len: int, dtype: torch.d
     mask = torch.zeros(visible.shape, dtype=dtype, device=ancestors.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+def chain_tree(draft_logits: torch.Tensor) -> DraftTree:
+    """The drafter's argmax chain as a :class:`DraftTree` of N = D nodes (node d at depth d, parent d-1).
+
+    Args:
+        draft_logits: [B, D, V] drafter logits at block positions 1..D.
+
+    Returns:
+        DraftTree with tokens = argmax per depth (lowest id on ties), ranks 0, scores the cumulative float64
+        sum of the tokens' float32 log-probabilities.
+    """
+    bsz, depth, _ = draft_logits.shape
+    device = draft_logits.device
+    logprobs_all = torch.log_softmax(draft_logits.float(), dim=-1)
+    tokens = torch.argmax(draft_logits.float(), dim=-1)  # [B, D]
+    logprobs = torch.gather(logprobs_all, 2, tokens[..., None])[..., 0]
+    idx = torch.arange(depth + 1, device=device)
+    parents = (idx - 1)[None].expand(bsz, -1).clone()
+    first_child = torch.where(idx < depth, idx + 1, -1)[None].expand(bsz, -1).clone()
+    ancestors = (idx[None, :] <= idx[:, None])[None].expand(bsz, -1, -1).clone()
+    return DraftTree(
+        tokens=tokens.to(torch.int64),
+        depths=(idx[1:])[None].expand(bsz, -1).clone(),
+        parents=parents,
+        ancestors=ancestors,
+        first_child=first_child,
+        next_sibling=torch.full((bsz, depth + 1), -1, dtype=torch.int64, device=device),
+        num_nodes=torch.full((bsz,), depth + 1, dtype=torch.int64, device=device),
+        scores=torch.cumsum(logprobs.double(), dim=1),
+        ranks=torch.zeros((bsz, depth), dtype=torch.int64, device=device),
+        logprobs=logprobs,
+        max_depth=depth,
+    )
 
 
 def _as_input_ids(input_ids, device) -> torch.Tensor:
@@ -110,32 +150,38 @@ def generate(
     drafter: DFlashDrafter,
     input_ids: Sequence[int] | torch.Tensor,
     max_new_tokens: int,
-    budget: int,
+    budget: int | None,
     temperature: float = 0.0,
     stop_token_ids: Sequence[int] | None = None,
     *,
     seed: int | None = None,
     on_round: Callable[[int, int], None] | None = None,
+    mode: str = "ddtree",
 ) -> GenerateResult:
-    """DDTree speculative decoding of one prompt with a HF causal LM target and a DFlash drafter.
+    """DDTree (or DFLASH chain) speculative decoding of one prompt with a HF causal LM target and a DFlash drafter.
 
     Args:
         target: a transformers causal LM with an attention-only KV cache (e.g. Qwen3ForCausalLM).
         drafter: the DFlash drafter (shares ``target``'s embeddings and lm_head).
         input_ids: the prompt, [L] or [1, L].
         max_new_tokens: maximum number of generated tokens (>= 1).
-        budget: DDTree node budget N (>= 1); each verify pass has N+1 tokens.
+        budget: DDTree node budget N (>= 1); each verify pass has N+1 tokens. Ignored (may be None) with
+            ``mode="dflash"``, whose verify pass has block_size tokens.
         temperature: 0 for greedy decoding, > 0 for exactly lossless sampling at that temperature.
         stop_token_ids: generation ends after the first of these tokens (included in the output).
         seed: seed of the sampling generator (temperature > 0).
         on_round: called after every verify round with (tokens committed this round, tokens so far).
+        mode: ``"ddtree"`` (the best ``budget`` prefixes) or ``"dflash"`` (only the drafter's argmax chain, as
+            DFLASH verifies it; with temperature > 0 the chain is verified by the same lossless sampling walk).
 
     Returns:
         GenerateResult. With temperature 0 ``tokens`` equals the target's plain greedy decoding.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: it must be >= 1")
-    if budget < 1:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is invalid: expected one of {list(MODES)}")
+    if mode == "ddtree" and (budget is None or budget < 1):
         raise ValueError(f"budget={budget} is invalid: the DDTree node budget must be >= 1 (e.g. 16)")
     if temperature < 0:
         raise ValueError(f"temperature={temperature} is invalid: use 0 (greedy) or a positive value")
@@ -178,9 +224,10 @@ def generate(
         block_ids = torch.full((1, block), drafter.mask_token_id, dtype=torch.long, device=device)
         block_ids[0, 0] = root
         block_pos = torch.arange(start, start + block, device=device)[None]
-        hidden = drafter(embed(block_ids), block_pos, pending_ctx, pending_pos, drafter_cache)
-        draft_logits = lm_head(hidden[:, 1:].to(dtype))  # [1, D, V]
-        tree = build_tree(draft_logits, budget)
+        noise = drafter.noise_embedding(embed.weight, block_ids)
+        hidden = drafter(noise, block_pos, pending_ctx, pending_pos, drafter_cache)
+        draft_logits = drafter.compute_logits(hidden[:, 1:].to(dtype), lm_head)  # [1, D, V]
+        tree = chain_tree(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
 
         verify_ids = torch.cat([torch.tensor([[root]], device=device), tree.tokens], dim=1)
         positions = start + tree.positions
@@ -196,7 +243,7 @@ def generate(
         logits = out.logits  # [1, N+1, V]
         if temperature > 0:
             probs = torch.softmax(logits.double() / temperature, dim=-1)
-            uniforms = torch.rand((1, budget + 1), generator=generator, dtype=torch.float64).to(device)
+            uniforms = torch.rand((1, tree.budget + 1), generator=generator, dtype=torch.float64).to(device)
             accept_index, accept_len, bonus = sampling_walk(tree, probs, uniforms)
         else:
             accept_index, accept_len, bonus = greedy_walk(tree, torch.argmax(logits, dim=-1))
