@@ -9,6 +9,9 @@
 * ``check-drafter PATH``: can this DFlash drafter checkpoint be served exactly (``--consumer reference`` or
   ``sglang``)? Prints one JSON object (``ok``, ``problems``, the resolved ``spec``); exit status 1 on a refusal,
   2 on a usage error. Reads config.json and the safetensors headers only (no torch, no tensor data).
+* ``check-sglang``: runs SGLang's ``load_plugins()`` in this interpreter and prints one JSON object: which
+  DDTREE a server started here runs (``implementation``: "plugin", "native" or null), the plugin's status, the
+  hooks applied, ``ok``; exit status 1 when DDTREE is not available (or not the ``--expect``-ed one).
 """
 
 from __future__ import annotations
@@ -103,6 +106,15 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=("reference", "sglang"),
         default="sglang",
         help="who serves it: the DDTREE plugin in SGLang (default) or the reference drafter",
+    )
+    sglang_check = sub.add_parser(
+        "check-sglang", help="is --speculative-algorithm DDTREE available in this SGLang, and which one? (JSON)"
+    )
+    sglang_check.add_argument(
+        "--expect",
+        choices=("any", "plugin", "native"),
+        default="any",
+        help="implementation required for exit status 0 (default: any)",
     )
     return parser
 
@@ -289,6 +301,16 @@ def _cmd_check_drafter(args) -> int:
     return 0 if report["ok"] else 1
 
 
+def _cmd_check_sglang(args) -> int:
+    from .sglang import check_sglang
+
+    status, report = check_sglang(args.expect)
+    print(json.dumps(report, indent=1, sort_keys=True))
+    if report["problem"]:
+        print(f"sglang-ddtree: {report['problem']}", file=sys.stderr)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     handlers = {
@@ -296,5 +318,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generate": _cmd_generate,
         "stats": _cmd_stats,
         "check-drafter": _cmd_check_drafter,
+        "check-sglang": _cmd_check_sglang,
     }
     return handlers[args.command](args)
