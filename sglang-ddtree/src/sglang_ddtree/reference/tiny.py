@@ -70,8 +70,13 @@ def _corpus(size: int = 200_000) -> str:
     return "".join(parts)
 
 
-def make_tokenizer(vocab_size: int):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with exactly ``vocab_size`` tokens (ids 0..4 special)."""
+def make_tokenizer(vocab_size: int, texts=None):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with exactly ``vocab_size`` tokens (ids 0..4 special).
+
+    Args:
+        vocab_size: the vocabulary size (>= 261).
+        texts: an iterable of training texts (default: a fixed synthetic corpus).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -87,7 +92,7 @@ def make_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([_corpus()], trainer=trainer)
+    tok.train_from_iterator([_corpus()] if texts is None else texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
