@@ -120,6 +120,12 @@ def read_drafter_info(cfg: Any) -> DrafterInfo:
             f"{list(DFLASH_DRAFTER_ARCHITECTURES)})"
         ) from exc
     architectures = tuple(getattr(hf_config, "architectures", None) or ())
+    if any("DFlash" in arch for arch in architectures):  # DFlash2, unknown layers, fields DDTREE does not apply
+        from ..drafter_config import check_drafter_config
+
+        problems = check_drafter_config(hf_config.to_dict(), "sglang")
+        if problems:
+            raise DDTreeConfigError(f"--speculative-draft-model-path={path!r}: " + "; ".join(problems))
     if not any(arch in DFLASH_DRAFTER_ARCHITECTURES for arch in architectures):
         raise DDTreeConfigError(
             f"--speculative-draft-model-path={path!r} is not a DFlash drafter: its config has architectures "
