@@ -96,6 +96,7 @@ class ProcInfo:
     status: str = "running"
     kernel_thread: bool = False
     uid: int | None = None
+    cwd: str | None = None
 
     @property
     def cmdline_str(self) -> str:
@@ -232,6 +233,285 @@ def match_cmdline(table: dict, pattern: re.Pattern) -> list:
     Processes without a command line (kernel threads, zombies) never match.
     """
     return sorted(pid for pid, info in table.items() if info.cmdline and pattern.search(info.cmdline_str))
+
+
+# ------------------------------------------------------------------ what executes a script (not what names it)
+
+# Interpreters whose first positional argument is the script they run.
+_INTERPRETER_RE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?[dmu]?$")
+# Python options that take a value (the next argument, or the rest of the same argument).
+_PY_VALUE_SHORT = frozenset("WX")
+_PY_VALUE_LONG = frozenset({"--check-hash-based-pycs"})
+# Launchers by program (or console-script) name, and by the module that ``python -m`` runs.
+LAUNCHER_PROGRAMS = frozenset({"torchrun", "deepspeed", "accelerate"})
+LAUNCHER_MODULES = frozenset(
+    {
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "deepspeed.launcher.runner",
+        "deepspeed.launcher.launch",
+        "accelerate.commands.launch",
+        "accelerate.commands.accelerate_cli",
+    }
+)
+# Launcher flags that take no value (every other option without ``=`` takes the next argument as its value,
+# unless that argument is a Python script: ``--foo train.py``).
+_LAUNCHER_FLAGS = frozenset(
+    {
+        "--standalone",
+        "--no-python",
+        "--no_python",
+        "--run-path",
+        "--run_path",
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        "--use-env",
+        "--use_env",
+        "--multi_gpu",
+        "--multi-gpu",
+        "--cpu",
+        "--tpu",
+        "--use_deepspeed",
+        "--use_fsdp",
+        "--use_megatron_lm",
+        "--debug",
+        "-q",
+        "--quiet",
+        "--same_network",
+        "--no_local_rank",
+        "--no_ssh",
+        "--no_ssh_check",
+        "--force_multi",
+        "--save_pid",
+        "--bind_cores_to_rank",
+        "--elastic_training",
+    }
+)
+_LAUNCHER_NO_PYTHON = frozenset({"--no-python", "--no_python"})
+_LAUNCHER_MODULE_FLAGS = frozenset({"-m", "--module"})
+# Programs that name a file without running it: pagers, editors, search and copy tools, remote clients.
+LOOKALIKE_PROGRAMS = frozenset(
+    {
+        "less",
+        "more",
+        "most",
+        "view",
+        "vi",
+        "vim",
+        "nvim",
+        "gvim",
+        "nano",
+        "emacs",
+        "emacsclient",
+        "code",
+        "cat",
+        "bat",
+        "head",
+        "tail",
+        "grep",
+        "egrep",
+        "fgrep",
+        "rg",
+        "ag",
+        "ack",
+        "awk",
+        "sed",
+        "watch",
+        "ssh",
+        "scp",
+        "rsync",
+        "sftp",
+        "man",
+        "diff",
+        "git",
+        "cp",
+        "mv",
+        "ls",
+        "find",
+        "stat",
+        "file",
+        "md5sum",
+        "sha256sum",
+        "ps",
+        "pgrep",
+        "pkill",
+        "top",
+        "htop",
+        "strace",
+        "gdb",
+        "py-spy",
+    }
+)
+
+
+def program_name(argv) -> str:
+    """Base name of ``argv[0]`` (``/usr/bin/python3.11`` -> ``python3.11``); empty for an empty argv."""
+    return os.path.basename(argv[0]) if argv else ""
+
+
+def is_interpreter(name: str) -> bool:
+    """``python``, ``python3``, ``python3.11``, ``pypy3`` ...: a program whose script argument it runs."""
+    return bool(_INTERPRETER_RE.match(name))
+
+
+def _python_target(args: list):
+    """What ``python ARGS`` runs: ``("script", path, rest)``, ``("module", name, rest)`` or None (``-c``, stdin)."""
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok == "--":
+            return ("script", args[i + 1], args[i + 2 :]) if i + 1 < len(args) else None
+        if tok == "-" or not tok.startswith("-"):
+            return None if tok == "-" else ("script", tok, args[i + 1 :])
+        if tok.startswith("--"):
+            name = tok.split("=", 1)[0]
+            i += 2 if (name in _PY_VALUE_LONG and "=" not in tok) else 1
+            continue
+        j = 1
+        while j < len(tok):  # combined short options: -uB, -Wignore, -X dev, -m mod, -mmod
+            opt = tok[j]
+            rest = tok[j + 1 :]
+            if opt == "c":
+                return None  # a command string: the script is not executed, at most named
+            if opt == "m":
+                if rest:
+                    return ("module", rest, args[i + 1 :])
+                return ("module", args[i + 1], args[i + 2 :]) if i + 1 < len(args) else None
+            if opt in _PY_VALUE_SHORT:
+                if not rest:
+                    i += 1  # the value is the next argument
+                break
+            j += 1
+        i += 1
+    return None
+
+
+def _looks_like_script(tok: str, script: str | None) -> bool:
+    return tok.endswith(".py") or (script is not None and os.path.basename(tok) == os.path.basename(script))
+
+
+def _launcher_target(args: list, script: str | None):
+    """The program a launcher (torchrun, deepspeed, accelerate launch) starts, as ``_python_target`` returns it."""
+    i = 0
+    no_python = module = False
+    while i < len(args):
+        tok = args[i]
+        if tok == "--":
+            i += 1
+            break
+        if not tok.startswith("-"):
+            break
+        name = tok.split("=", 1)[0]
+        if name in _LAUNCHER_NO_PYTHON:
+            no_python = True
+        elif name in _LAUNCHER_MODULE_FLAGS:
+            module = True
+        elif "=" not in tok and name not in _LAUNCHER_FLAGS:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            if not _looks_like_script(nxt, script):
+                i += 1  # the option's value
+        i += 1
+    if i >= len(args):
+        return None
+    if module:
+        return ("module", args[i], args[i + 1 :])
+    if no_python:
+        return ("argv", args[i:], [])
+    return ("script", args[i], args[i + 1 :])
+
+
+def executed_scripts(argv, script: str | None = None, _depth: int = 0) -> list:
+    """Scripts that the process with this ``argv`` executes, outermost first; ``[]`` when it runs none.
+
+    ``python [opts] S args`` runs S; ``python -m torch.distributed.run [opts] S`` and ``torchrun [opts] S``
+    (also as ``python /path/torchrun``), ``deepspeed [opts] S`` and ``accelerate launch [opts] S`` run S (through
+    the workers they start); a launcher's ``--no-python PROG ...`` runs whatever PROG runs. A pager, editor,
+    ``grep``, ``tail``, ``ssh`` or ``python -c ...`` whose arguments name a script runs nothing.
+    """
+    argv = list(argv or ())
+    if not argv or _depth > 4:
+        return []
+    name = program_name(argv)
+    if is_interpreter(name):
+        target = _python_target(argv[1:])
+    elif name in LAUNCHER_PROGRAMS:
+        rest = argv[1:]
+        if name == "accelerate":
+            if not rest or rest[0] != "launch":
+                return []
+            rest = rest[1:]
+        target = _launcher_target(rest, script)
+    else:
+        return []
+    if target is None:
+        return []
+    kind, what, rest = target
+    if kind == "argv":
+        return executed_scripts(what, script, _depth + 1)
+    if kind == "module":
+        if what in LAUNCHER_MODULES:
+            if what.endswith("accelerate_cli"):
+                if not rest or rest[0] != "launch":
+                    return []
+                rest = rest[1:]
+            inner = _launcher_target(rest, script)
+            if inner is None:
+                return []
+            if inner[0] == "argv":
+                return executed_scripts(inner[1], script, _depth + 1)
+            return executed_scripts(["python", *_target_argv(inner)], script, _depth + 1)
+        return []
+    if os.path.basename(what) in LAUNCHER_PROGRAMS:  # python /usr/local/bin/torchrun ...
+        return [what, *executed_scripts([os.path.basename(what), *rest], script, _depth + 1)]
+    return [what]
+
+
+def _target_argv(target) -> list:
+    kind, what, rest = target
+    if kind == "module":
+        return ["-m", what, *rest]
+    return [what, *rest]
+
+
+def script_matches(arg: str, script: str, cwd: str | None = None) -> bool:
+    """Whether the script argument ``arg`` is ``script``.
+
+    A bare name (``train_dflash_pipeline.py``) matches any path with that file name; a path matches the same
+    normalised path, a relative ``arg`` resolved against the process's ``cwd`` when it is known.
+    """
+    if not arg or not script:
+        return False
+    if "/" not in script:
+        return os.path.basename(arg) == script
+    want = os.path.normpath(script)
+    if os.path.isabs(arg):
+        return os.path.normpath(arg) == want
+    if cwd:
+        return os.path.normpath(os.path.join(cwd, arg)) == want
+    return not os.path.isabs(want) and os.path.normpath(arg) == want
+
+
+def executes_script(argv, script: str, cwd: str | None = None) -> bool:
+    """True when a process with this ``argv`` executes ``script`` (see :func:`executed_scripts`)."""
+    return any(script_matches(arg, script, cwd) for arg in executed_scripts(argv, script))
+
+
+def match_script(table: dict, script: str) -> list:
+    """Pids of processes that execute ``script`` (interpreters and launchers running it); sorted."""
+    return sorted(
+        pid for pid, info in table.items() if info.cmdline and executes_script(info.cmdline, script, info.cwd)
+    )
+
+
+def lookalike_reason(info: ProcInfo) -> str | None:
+    """Why a process matched by a raw pattern only names the script (a pager, editor, grep, ssh ...), or None."""
+    for name in (program_name(info.cmdline), info.name):
+        if name in LOOKALIKE_PROGRAMS:
+            return f"{name} only names the script, it does not run it"
+    name = program_name(info.cmdline)
+    if is_interpreter(name) and info.cmdline[1:2] and info.cmdline[1].startswith("-c"):
+        return f"{name} -c only names the script in its arguments, it does not run it"
+    return None
 
 
 def user_matches(info: ProcInfo, user: str | None) -> bool:
@@ -393,7 +673,7 @@ def _uid_of(uids) -> int | None:
 def snapshot() -> dict:
     """``{pid: ProcInfo}`` for every process visible now. Needs psutil."""
     table: dict = {}
-    attrs = ["pid", "ppid", "name", "username", "uids", "cmdline", "create_time", "status"]
+    attrs = ["pid", "ppid", "name", "username", "uids", "cmdline", "create_time", "status", "cwd"]
     for proc in psutil.process_iter(attrs=attrs, ad_value=None):
         info = proc.info
         pid = info.get("pid")
@@ -411,6 +691,7 @@ def snapshot() -> dict:
             status=info.get("status") or "",
             kernel_thread=bool(stat and stat["flags"] & PF_KTHREAD) or (not stat and pid == 2),
             uid=_uid_of(info.get("uids")),
+            cwd=info.get("cwd") or None,
         )
     return table
 
@@ -432,6 +713,7 @@ def read_process(pid: int) -> ProcInfo | None:
                 status=_safe(proc.status, ""),
                 kernel_thread=bool(stat and stat["flags"] & PF_KTHREAD),
                 uid=_uid_of(_safe(proc.uids, None)),
+                cwd=_safe(proc.cwd, None),
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None

@@ -11,8 +11,9 @@ module: training_process
 short_description: Find, report and halt a training run's whole process tree
 version_added: "0.1.0"
 description:
-  - Finds a training run on the target host by a regular expression on the full command line or by a pid,
-    and expands it to the whole run - the matched processes, every descendant (all workers), and the launcher
+  - Finds a training run on the target host by the script it executes (O(script)), by a pid, or (expert) by a
+    regular expression on the full command line, and expands it to the whole run - the matched processes,
+    every descendant (all workers), and the launcher
     parent (C(torchrun), C(python -m torch.distributed.run), deepspeed, accelerate) when it is part of the run.
   - With O(state=present) it only reports the tree. With O(state=absent) it halts the run - sends O(signal) to
     every process of the tree top-down (launchers first so a launcher stops supervising and cannot restart
@@ -36,14 +37,28 @@ requirements:
   - Linux for exact process identity and kernel-thread detection (C(/proc)); other POSIX systems fall back to
     psutil's create_time
 options:
+  script:
+    description:
+      - The training script. A process belongs to the run when it B(executes) the script - an interpreter
+        (C(python), C(python3), C(python3.11), C(pypy3)) whose script argument is it, or a launcher whose
+        launched script is it (C(torchrun), C(python -m torch.distributed.run), C(torch.distributed.launch),
+        C(accelerate launch), C(deepspeed), also as C(python /path/torchrun) and through C(--no-python)) - plus
+        that process's whole tree (every descendant, and launcher parents).
+      - A process that only names the script is never part of the run - C(less), C(vim), C(grep), C(tail -f),
+        C(watch), an C(ssh) client, C(python -c '...' train.py), C(python other.py train.py).
+      - A bare file name (C(train_dflash_pipeline.py)) matches the script in any directory; a path matches that
+        path only (a relative script argument is resolved against the process's working directory).
+      - Mutually exclusive with O(pattern) and O(pid); one of the three is required.
+    type: str
   pattern:
     description:
-      - Python regular expression searched (C(re.search)) in each process's full command line, the argv
-        joined with single spaces, for example C(train_dflash_pipeline\.py).
+      - Expert option, prefer O(script). Python regular expression searched (C(re.search)) in each process's full
+        command line, the argv joined with single spaces.
+      - A pattern matches every command line that contains it, so it can select a pager, an editor or a C(grep)
+        of the script; the module warns whenever it is used, and leaves out matched processes whose program only
+        names files (C(less), C(vim), C(grep), C(tail), C(watch), C(ssh), C(python -c), ...; see RV(excluded)).
       - Processes without a command line (kernel threads, zombies) never match.
-      - Anchor it enough that it cannot match an editor or a C(tail) of the script, for example
-        C(python[0-9.]* .*train_dflash_pipeline\.py).
-      - Mutually exclusive with O(pid); one of them is required.
+      - Mutually exclusive with O(script) and O(pid).
     type: str
   pid:
     description:
@@ -226,14 +241,14 @@ seealso:
 EXAMPLES = r"""
 - name: Report the drafter's training run (nothing is touched)
   specdec.pivot.training_process:
-    pattern: 'python[0-9.]* .*train_dflash_pipeline\.py'
+    script: train_dflash_pipeline.py
     log_path: /data/runs/dflash/train.log
     checkpoint_dir: /data/runs/dflash/checkpoints
   register: training
 
 - name: Halt it - SIGTERM, SIGKILL after 5 minutes, wait until the GPUs are free
   specdec.pivot.training_process:
-    pattern: 'python[0-9.]* .*train_dflash_pipeline\.py'
+    script: /data/runs/dflash/train_dflash_pipeline.py
     user: trainer
     state: absent
     kill_after: 300
@@ -259,7 +274,7 @@ EXAMPLES = r"""
 
 - name: What would be signalled (check mode signals nothing)
   specdec.pivot.training_process:
-    pattern: 'torchrun .*train_dflash_pipeline\.py'
+    script: train_dflash_pipeline.py
     state: absent
   check_mode: true
 """
@@ -311,7 +326,7 @@ processes:
     role:
       description:
         - V(launcher) - a parent added because it launches the run (torchrun, ...).
-        - V(root) - a process the pattern or pid selected whose ancestors in the tree were not selected.
+        - V(root) - a process O(script), O(pattern) or O(pid) selected whose ancestors in the tree were not selected.
         - V(child) - every other process of the tree.
       type: str
       choices: [launcher, root, child]
@@ -320,7 +335,9 @@ processes:
        cmdline: "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node 2 train_dflash_pipeline.py",
        create_time: 1764670000.12}
 matched_pids:
-  description: Pids the pattern (or O(pid)) selected before the tree was expanded, protected ones included.
+  description:
+    - Pids O(script), O(pattern) or O(pid) selected before the tree was expanded, protected ones and
+      look-alikes included.
   returned: always
   type: list
   elements: int
@@ -514,6 +531,7 @@ from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import BACKE
 GPU_SKIP_KINDS = ("no_gpu", "no_devices")
 
 ARGUMENT_SPEC = dict(
+    script=dict(type="str"),
     pattern=dict(type="str"),
     pid=dict(type="int"),
     pid_create_time=dict(type="float"),
@@ -600,17 +618,35 @@ def validate(module: AnsibleModule) -> None:
         )
     if params["gpu_query_timeout"] <= 0:
         module.fail_json(msg=f"gpu_query_timeout={params['gpu_query_timeout']} must be > 0 seconds; the default is 15.")
+    if params["script"] is not None and not params["script"].strip():
+        module.fail_json(
+            msg="script is empty; give the training script's file name (e.g. 'train_dflash_pipeline.py') or path."
+        )
     if params["user"] is not None and not params["user"].strip():
         module.fail_json(msg="user is empty; give a user name or uid, or leave user out to match every user.")
     if not params["checkpoint_glob"]:
         module.fail_json(msg="checkpoint_glob is empty; give a glob such as '*[0-9]*' or 'checkpoint-*'.")
 
 
-def select(module: AnsibleModule, table: dict, protected: dict, pattern) -> list:
-    """Pids selected by pattern or pid (before tree expansion)."""
+def select(module: AnsibleModule, table: dict, protected: dict, pattern, lookalikes: dict) -> list:
+    """Pids selected by script, pattern or pid (before tree expansion).
+
+    Processes a raw pattern matched that only name the script (pagers, editors, grep, ssh, ...) go into
+    ``lookalikes`` (pid -> reason) instead.
+    """
     params = module.params
+    if params["script"] is not None:
+        return _procs.match_script(table, params["script"])
     if pattern is not None:
-        return _procs.match_cmdline(table, pattern)
+        selected = []
+        for pid in _procs.match_cmdline(table, pattern):
+            protected_why = _procs.protection_reason(table[pid], protected)
+            reason = None if protected_why else _procs.lookalike_reason(table[pid])
+            if reason is None:  # protected processes are left to build_tree, which names why
+                selected.append(pid)
+            else:
+                lookalikes[pid] = reason
+        return selected
     pid = params["pid"]
     info = table.get(pid)
     if info is None:
@@ -627,7 +663,7 @@ def select(module: AnsibleModule, table: dict, protected: dict, pattern) -> list
         module.fail_json(
             msg=(
                 f"pid={pid} ({info.name}: {info.cmdline_str[:200]!r}) is {reason} and is never signalled or "
-                f"reported; give the pid of the training process (its launcher or a worker), or use pattern."
+                f"reported; give the pid of the training process (its launcher or a worker), or use script."
             )
         )
     return [pid]
@@ -727,7 +763,7 @@ def summary(state: str, check_mode: bool, tree: _procs.Tree, signame: str, halt,
     if state == "present":
         return f"found {count} processes (pids {pids}) for {found_desc}"
     if check_mode:
-        return f"would send {signame} to {count} processes (pids {pids}) for {found_desc}"
+        return f"would halt {count} processes (pids {pids}) with {signame} for {found_desc}"
     how = "escalated to SIGKILL" if halt.escalated else f"with {signame}"
     if halt.survivors:
         return f"{len(halt.survivors)} of {count} processes survived {how} after {halt.elapsed_s}s"
@@ -737,8 +773,8 @@ def summary(state: str, check_mode: bool, tree: _procs.Tree, signame: str, halt,
 def main() -> None:
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("pattern", "pid")],
-        required_one_of=[("pattern", "pid")],
+        mutually_exclusive=[("script", "pattern", "pid")],
+        required_one_of=[("script", "pattern", "pid")],
         required_by={"pid_create_time": "pid"},
         supports_check_mode=True,
     )
@@ -755,18 +791,39 @@ def main() -> None:
     }
     signame = params["signal"]
     signum = _procs.signal_number(signame)
-    found_desc = f"pattern {params['pattern']!r}" if pattern is not None else f"pid {params['pid']}"
+    if params["script"] is not None:
+        found_desc = f"script {params['script']!r}"
+    elif pattern is not None:
+        found_desc = f"pattern {params['pattern']!r}"
+        module.warn(
+            f"pattern={params['pattern']!r} is an expert option: it selects every process whose command line "
+            "contains it, not only the ones that run the training script. Use script (the script's file name or "
+            "path) instead; pagers, editors, grep, tail, watch and ssh that name the script are left out."
+        )
+    else:
+        found_desc = f"pid {params['pid']}"
 
     table = _procs.snapshot()
     protected = _procs.protected_pids(table, os.getpid())
-    selected = select(module, table, protected, pattern)
+    lookalikes: dict = {}
+    selected = select(module, table, protected, pattern, lookalikes)
     tree = _procs.build_tree(table, selected, protected, launcher_re=launcher_re, user=params["user"])
+    tree.matched = sorted(tree.matched + list(lookalikes))
+    tree.excluded = sorted(
+        tree.excluded
+        + [
+            {"pid": pid, "reason": reason, "name": table[pid].name, "cmdline": table[pid].cmdline_str}
+            for pid, reason in lookalikes.items()
+            if pid not in tree.pids
+        ],
+        key=lambda e: e["pid"],
+    )
     count = len(tree.members)
     if count > params["max_processes"]:
         msg = (
             f"{found_desc} selects {count} processes (with launchers and descendants), more than "
-            f"max_processes={params['max_processes']}; make the pattern more specific (e.g. "
-            f"'python[0-9.]* .*train_dflash_pipeline\\.py'), add user, or raise max_processes if this is right."
+            f"max_processes={params['max_processes']}; give script (the training script) instead of a pattern, "
+            f"add user, or raise max_processes if this is right."
         )
         if params["state"] == "absent":
             module.fail_json(

@@ -258,19 +258,31 @@ def start(
     log_interval: float = 0.05,
     checkpoint_delay: float = 0.1,
     ready_timeout: float = 30.0,
+    script: str | os.PathLike | None = None,
 ) -> FakeRun:
-    """Start a tree and return once every worker has set up its signal handling."""
+    """Start a tree and return once every worker has set up its signal handling.
+
+    With ``script`` (a path), this file is copied there and the launcher and workers run the copy, so their
+    command lines execute a script of that name (``python3 SCRIPT torchrun ...``).
+    """
+    import shutil
+
     import psutil
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    program = os.path.abspath(__file__)
+    if script is not None:
+        Path(script).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(program, script)
+        program = os.path.abspath(script)
     ready_file = workdir / f"{token}.ready.json"
     log_path = workdir / f"{token}.log"
     checkpoint_dir = workdir / f"{token}-checkpoints"
     stderr_path = workdir / f"{token}.stderr"
     cmd = [
         sys.executable,
-        os.path.abspath(__file__),
+        program,
         launcher,
         "--token",
         token,

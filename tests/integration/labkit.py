@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -127,8 +128,48 @@ def unit_show(*props: str) -> dict[str, str]:
 
 
 def training_pids() -> list[int]:
+    """Pids of the lab training job: python processes running the script (not look-alikes that name it)."""
     out = sh(TRAINING, "ps -eo pid=,args=")
-    return sorted(int(line.split(None, 1)[0]) for line in out.splitlines() if TRAIN_SCRIPT in line)
+    pids = []
+    for line in out.splitlines():
+        pid, _sep, args = line.strip().partition(" ")
+        argv = args.split()
+        script = next((a for a in argv[1:] if not a.startswith("-")), None)  # python [-u] SCRIPT ...
+        if argv and argv[0].rsplit("/", 1)[-1].startswith("python") and script == TRAIN_SCRIPT:
+            pids.append(int(pid))
+    return sorted(pids)
+
+
+# Processes on the training host whose command line names the training script without running it.
+LOOKALIKES = {
+    "tail -f": f"exec tail -f {TRAIN_SCRIPT}",
+    "less": f"exec -a less tail -F {TRAIN_SCRIPT}",
+    "vim": f"exec -a vim tail -F {TRAIN_SCRIPT}",
+    "grep": f"exec -a grep tail -F {TRAIN_SCRIPT}",
+    "watch": f"exec -a watch tail -F -n1 'pgrep -af {TRAIN_SCRIPT}'",
+    "ssh": f"exec -a ssh tail -F pro6000 python3 {TRAIN_SCRIPT}",
+    "python -c": f"exec python3 -c 'import time; time.sleep(3600)' {TRAIN_SCRIPT}",
+}
+
+
+def start_lookalikes() -> dict[str, int]:
+    """Start :data:`LOOKALIKES` on the training host (bash ``exec -a`` shapes argv); label -> pid."""
+    pids = {}
+    for label, command in LOOKALIKES.items():
+        out = sh(TRAINING, f"nohup bash -c {shlex.quote(command)} >/dev/null 2>&1 </dev/null & echo $!")
+        pids[label] = int(out.strip())
+    wait_for(lambda: all(TRAIN_SCRIPT in sh(TRAINING, f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False)
+                         for pid in pids.values()), 10, "look-alikes started")
+    return pids
+
+
+def alive_in_training(pids: dict[str, int]) -> dict[str, bool]:
+    return {label: sh(TRAINING, f"kill -0 {pid} 2>/dev/null && echo yes", check=False).strip() == "yes"
+            for label, pid in pids.items()}
+
+
+def stop_lookalikes(pids: dict[str, int]) -> None:
+    sh(TRAINING, "kill " + " ".join(str(p) for p in pids.values()) + " 2>/dev/null", check=False)
 
 
 def plugin_version() -> str | None:

@@ -11,6 +11,8 @@ tests run in file order and each states what it starts from.
 | bad variables: budget 0 / 64, missing drafter, unknown unit, a flag SGLang refuses | test_bad_variables_... |
 | GPU fit fails in preflight: nothing changed on any host | test_gpu_fit_failure_changes_nothing |
 | training restarted by a supervisor: clear failure; disabled when asked | test_supervisor_... |
+| pagers, editors, grep, watch, ssh, python -c naming the script beside the run: never signalled, --check lists
+  exactly the run | test_processes_that_only_name_the_script_are_never_signalled |
 | plugin install fails (a wheel SGLang cannot load): old service never stopped, plugin put back | test_bad_wheel_... |
 | new flags make the server exit at start: old unit restored, healthy, the reason named | test_server_exits_... |
 | health never comes up within the timeout: same | test_health_timeout_rolls_back |
@@ -193,6 +195,28 @@ def test_supervisor_is_stopped_and_disabled_when_named(lab, tmp_path) -> None:
     assert halt["halt"]["final_step"] is not None and halt["halt"]["checkpoint"]["path"].startswith("/opt/train/")
     again = pivot(tmp_path, "--limit", lk.TRAINING, "-e", "training_halt_supervisor_unit=dflash-train.service")
     assert again.rc == 0 and again.recap[lk.TRAINING]["changed"] == 0, again.tail()
+
+
+def test_processes_that_only_name_the_script_are_never_signalled(lab, tmp_path) -> None:
+    # Starts from: training stopped, its supervisor disabled (the test above). The nohup job again, and beside it
+    # a tail -f, less, vim, grep, watch, an ssh client and a python -c whose command lines name the script.
+    lk.up("--limit", lk.TRAINING)
+    job = lk.training_pids()
+    assert len(job) == 3, job
+    lookalikes = lk.start_lookalikes()
+    try:
+        check = pivot(tmp_path, "--check", "--limit", lk.TRAINING)
+        assert check.rc == 0, check.tail()
+        assert sorted(check.report()["training"][0]["preflight"]["pids"]) == job  # exactly what would be halted
+        run = pivot(tmp_path, "--limit", lk.TRAINING)
+        assert run.rc == 0, run.tail()
+        halt = run.report()["training"][0]["halt"]
+        assert sorted(halt["pids"]) == job
+        assert halt["match"] == "script train_dflash_pipeline.py"
+        assert lk.training_pids() == []
+        assert lk.alive_in_training(lookalikes) == {label: True for label in lookalikes}, "a look-alike was signalled"
+    finally:
+        lk.stop_lookalikes(lookalikes)
 
 
 # ------------------------------------------------------------------------------------------------ plugin

@@ -241,7 +241,7 @@ def test_check_mode_signals_nothing(fake_run):
     assert result["changed"] is True
     assert result["pids"] == run.pids
     assert result["signals_sent"] == []
-    assert result["msg"].startswith("would send SIGTERM to 3 processes")
+    assert result["msg"].startswith("would halt 3 processes")
     header = f"training run (pattern '{run.token}')"
     assert result["diff"] == {
         "before": {"running_pids": run.pids},
@@ -549,8 +549,8 @@ def run_inprocess(args: dict, capsys) -> dict:
 BAD_INPUT = [
     ({"pattern": "train("}, "pattern='train(' is not a valid Python regular expression"),
     ({"pattern": ""}, "pattern is empty"),
-    ({"pattern": "x", "pid": 5}, "mutually exclusive: pattern|pid"),
-    ({}, "one of the following is required: pattern, pid"),
+    ({"pattern": "x", "pid": 5}, "mutually exclusive: script|pattern|pid"),
+    ({}, "one of the following is required: script, pattern, pid"),
     ({"pid": 0}, "pid=0 is not a process id"),
     (
         {"pid": 5, "pid_create_time": 1.0, "state": "absent", "timeout": 5, "kill_after": 10},
