@@ -35,7 +35,9 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing).
+#: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing);
+#: with the forced runner-up, budgets 4, 8 and 16 all accept depth >= 3 and non-first siblings (CPU-tested in
+#: sglang-ddtree/tests/sglang/test_instruments.py with the same pattern).
 PATTERN = [1, 1, 1, 2, 1, 1, 3]
 BATCHES = "1,3,16"
 
@@ -173,16 +175,19 @@ def main() -> int:
     ap.add_argument("--label", required=True, choices=["pure", "hybrid"])
     ap.add_argument("--budgets", default="4,8,16")
     ap.add_argument("--before", action="store_true", help="also run budget 16 without the graph hook")
-    ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at budget 16")
+    ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at the largest budget")
+    ap.add_argument("--no-equality", action="store_true", help="only the sampling test (e.g. on a flat target)")
     ap.add_argument("--samples", type=int, default=4000)
     ap.add_argument("--tie-margin", type=float, default=1.0)
+    ap.add_argument("--graph-tol", type=float, default=0.01, help="largest |graph - eager| logit difference allowed")
     ap.add_argument("--result", type=Path, help="summary JSON (bench/results/lossless-*.json layout)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     budgets = [int(b) for b in args.budgets.split(",")]
 
-    none_modes = "equality,sampling" if args.sampling else "equality"
-    none_run = run_engine(args, "none", "none", 0, none_modes, {})
+    wanted = ([] if args.no_equality else ["equality"]) + (["sampling"] if args.sampling else [])
+    # the oracle needs the greedy continuations: the none run always has them
+    none_run = run_engine(args, "none", "none", 0, "equality" + (",sampling" if args.sampling else ""), {})
     oracle = args.work / "oracle.json"
     write_oracle(none_run, oracle)
 
@@ -198,7 +203,8 @@ def main() -> int:
         }
         if not fixed:
             env["SGLANG_DDTREE_TEST_SKIP_HOOKS"] = "graph_get_spec_info"
-        modes = "equality,sampling" if (args.sampling and fixed and budget == max(budgets)) else "equality"
+        modes = [m for m in wanted if m == "equality" or (fixed and budget == max(budgets))]
+        modes = ",".join(modes) or "equality"
         try:
             run_engine(args, name, "DDTREE", budget, modes, env)
         except subprocess.CalledProcessError as exc:
@@ -214,7 +220,7 @@ def main() -> int:
     for name, budget, fixed in runs:
         cand = json.loads((args.work / f"{name}.json").read_text())
         phases = read_stats(args.work / f"{name}.jsonl")
-        for batch in BATCHES.split(","):
+        for batch in [] if args.no_equality else BATCHES.split(","):
             key = f"batch{batch}"
             stats = summarize_stats(phases.get(key, []))
             eq = equality(args, base, cand, key, cache)
@@ -266,9 +272,12 @@ def main() -> int:
     for name, rec in samplings.items():
         print(name, json.dumps(rec["tests"]))
     fixed_rows = [r for r in rows if r["graph_mask_fix"]]
-    ok = all(r["mismatches"] == 0 for r in fixed_rows) and all(
-        t["pass"] for rec in samplings.values() for t in rec["tests"].values()
-    )
+    ok = all(r["mismatches"] == 0 and (r["graph_vs_eager_max_abs"] or 0.0) <= args.graph_tol for r in fixed_rows)
+    ok = ok and all(t["pass"] for rec in samplings.values() for t in rec["tests"].values())
+    for r in rows:
+        if not r["graph_mask_fix"]:  # the capture as before the fix must show the defect
+            seen = r["mismatches"] > 0 or (r["graph_vs_eager_max_abs"] or 0.0) > args.graph_tol
+            print(f"before the fix, batch {r['batch']}: defect {'DETECTED' if seen else 'NOT detected'}")
     print("RESULT:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

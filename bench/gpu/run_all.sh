@@ -61,6 +61,7 @@ export -f sglang_setup
 step sglang-setup bash -c sglang_setup
 step measure env RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure "$STATE/sglang"
 step lossless bash bench/gpu/sglang_ddtree_gpu.sh lossless "$STATE/sglang"
+step sampling bash -c "bash bench/gpu/sglang_ddtree_gpu.sh models-flat '$STATE/sglang' && bash bench/gpu/sglang_ddtree_gpu.sh sampling '$STATE/sglang'"
 step lossless-hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && bash bench/gpu/sglang_ddtree_gpu.sh lossless-hybrid '$STATE/sglang'"
 step hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure-hybrid '$STATE/sglang'"
 echo "== run_all: $(ls "$STATE" | grep -c '^done-') steps done; $(($(date +%s) - T0)) s in this call"

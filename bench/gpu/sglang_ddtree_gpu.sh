@@ -5,7 +5,8 @@
 #   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
 #
 # STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra | lossless |
-# lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check). measure starts
+# lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check; BUDGETS, BEFORE=1)
+# | models-flat | sampling (the temperature-1 test on a flat target). measure starts
 # 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
 # own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
@@ -120,9 +121,17 @@ PY
   all) install_plugin; check_plugin; make_models; "$0" measure "$OUT" ;;
   models-hybrid) make_hybrid_models ;;
   lossless)  # issue 13 on the pure-attention target: forced deep/branching acceptance, graph vs eager, before/after
-    "$PY" bench/gpu/lossless.py --models "$OUT/models" --work "$OUT/lossless-pure" --label pure --before --sampling ;;
+    "$PY" bench/gpu/lossless.py --models "$OUT/models" --work "$OUT/lossless-pure" --label pure \
+      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ;;
   lossless-hybrid)  # the same on the hybrid GatedDeltaNet target (models-hybrid first)
-    "$PY" bench/gpu/lossless.py --models "$OUT/models-hybrid" --work "$OUT/lossless-hybrid" --label hybrid --before ;;
+    "$PY" bench/gpu/lossless.py --models "$OUT/models-hybrid" --work "$OUT/lossless-hybrid" --label hybrid \
+      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ;;
+  models-flat)  # random (non-aligned) pair: nearly flat target distributions, for the sampling test
+    "$PY" -c "import sys; from sglang_ddtree.reference.tiny import make_tiny_models as m; m(sys.argv[1], block_size=8)" \
+      "$OUT/models-flat" ;;
+  sampling)  # temperature 1, top_k 20, top_p 0.9: token 2-4 distributions of DDTREE 16 (forced tree) vs none
+    "$PY" bench/gpu/lossless.py --models "$OUT/models-flat" --work "$OUT/sampling-flat" --label pure --budgets 16 \
+      --sampling --no-equality ;;
   measure-hybrid)
     run_hybrid none 0 run-hybrid-none-0
     run_hybrid DDTREE 16 run-hybrid-DDTREE-16

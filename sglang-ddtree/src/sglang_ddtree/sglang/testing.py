@@ -93,9 +93,11 @@ def oracle_tokens(reqs: Any, prefix_lens: torch.Tensor, root_tokens: torch.Tenso
 def forced_draft_logits(logits: torch.Tensor, tokens: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
     """Drafter logits [B, D, V] with the known tokens forced to their ranks.
 
-    Where ``tokens[b, d] >= 0``: every logit -30, the token 0, and the ``ranks[b, d] - 1`` junk tokens
+    Where ``tokens[b, d] >= 0``: every logit -30, the token 0, the ``ranks[b, d] - 1`` junk tokens
     ``(token + 1 + k) % V`` (k = 0..) above it at ``0.1 * (ranks - 1 - k)`` (so the junk ranks 1..r-1 and the
-    token rank r). Elsewhere the drafter's own logits.
+    token rank r), and one runner-up ``(token + r) % V`` below it at -1 (so even a first-ranked token has
+    probability ~0.7 and deep single chains lose to siblings: small budgets branch too). Elsewhere the drafter's
+    own logits.
     """
     vocab = logits.shape[-1]
     known = tokens >= 0
@@ -108,6 +110,8 @@ def forced_draft_logits(logits: torch.Tensor, tokens: torch.Tensor, ranks: torch
         use = ranks - 1 > k
         cur = forced.gather(-1, junk.unsqueeze(-1)).squeeze(-1)
         forced.scatter_(-1, junk.unsqueeze(-1), torch.where(use, value, cur).unsqueeze(-1))
+    runner_up = (tok + ranks) % vocab
+    forced.scatter_(-1, runner_up.unsqueeze(-1), torch.full_like(tok, -1, dtype=logits.dtype).unsqueeze(-1))
     forced.scatter_(-1, tok.unsqueeze(-1), torch.zeros_like(tok, dtype=logits.dtype).unsqueeze(-1))
     return torch.where(known.unsqueeze(-1), forced, logits)
 
