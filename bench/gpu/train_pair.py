@@ -599,7 +599,7 @@ def _zlab_chain(target, drafter_dir: Path, prompts: list[dict], s: Settings, dev
     return {"tau": round(sum(lengths) / len(lengths), 4), "rounds": len(lengths)}
 
 
-def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline: float) -> None:
+def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline: float, save=lambda: None) -> None:
     """Reference-engine tau (tokens per target pass) for DFLASH and DDTREE budgets, greedy and sampled."""
     from sglang_ddtree.reference import generate, greedy_generate, load_models
 
@@ -647,6 +647,8 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
         if temp == 0:
             row["prompts_differing_from_greedy"] = mismatches
         rows.append(row)
+        log["eval"] = {"prompts": len(prompts), "rows": rows, "complete": False}
+        save()
         print(f"tau T={temp} {mode}{'' if budget is None else ' ' + str(budget)}: {row['tau']:.3f}", flush=True)
         if temp == 0 and mode == "dflash":
             zlab = _zlab_chain(target, out / "drafter", prompts, s, device, dtype)
@@ -664,10 +666,19 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
 # ---- main ---------------------------------------------------------------------------------------------------------
 
 
-def parse_args(argv=None) -> tuple[Settings, Path]:
+def write_log(log: dict, out: Path, copy: Path | None, name: str = "train_log.json") -> None:
+    """Write a JSON file under ``out`` (and ``copy``): after every stage, so a run cut short keeps its numbers."""
+    for d in (out, copy):
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / name).write_text(json.dumps(log, indent=1) + "\n")
+
+
+def parse_args(argv=None) -> tuple[Settings, Path, Path | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (target/, drafter/, JSON files)")
     p.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (seconds): the CI smoke test")
+    p.add_argument("--log-copy", type=Path, default=None, help="also write the JSON files here (after each stage)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a Settings field")
     args = p.parse_args(argv)
     s = Settings()
@@ -685,11 +696,11 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
         else:
             new = type(old)(value)
         setattr(s, name, new)
-    return s, args.out
+    return s, args.out, args.log_copy
 
 
 def main(argv=None) -> int:
-    s, out = parse_args(argv)
+    s, out, log_copy = parse_args(argv)
     t0 = time.time()
     deadline = t0 + s.time_limit
     torch.manual_seed(s.seed)
@@ -729,23 +740,26 @@ def main(argv=None) -> int:
     target = target.to(torch.bfloat16 if device.type == "cuda" else torch.float32).eval().requires_grad_(False)
     save_target(target, out / "target", tokenizer)
     times["target"] = round(time.time() - t0 - sum(times.values()), 1)
+    write_log(log, out, log_copy)
 
     seqs, feats = continuations(s, target, train_rows, device, log)
     times["continuations"] = round(time.time() - t0 - sum(times.values()), 1)
+    write_log(log, out, log_copy)
     cfg = drafter_config(s, config)
     drafter = train_drafter(s, cfg, target, seqs, feats, device, log)
     save_drafter(drafter, cfg, out / "drafter", tokenizer)
     times["drafter"] = round(time.time() - t0 - sum(times.values()), 1)
+    write_log(log, out, log_copy)
     del seqs, feats, drafter, target
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
     prompts = eval_prompts(s, tokenizer, held)
-    (out / "eval_prompts.json").write_text(json.dumps(prompts, indent=1) + "\n")
-    evaluate(s, out, prompts, device, log, deadline)
+    write_log(prompts, out, log_copy, "eval_prompts.json")
+    evaluate(s, out, prompts, device, log, deadline, lambda: write_log(log, out, log_copy))
     times["eval"] = round(time.time() - t0 - sum(times.values()), 1)
     times["total"] = round(time.time() - t0, 1)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    write_log(log, out, log_copy)
     print(
         json.dumps(
             {
