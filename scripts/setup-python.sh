@@ -11,7 +11,7 @@ command -v "$PY" >/dev/null || PY=python3
 # pip warns once per package about this machine's optional local indexes; keep its real errors visible.
 pipq() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 SGLANG_MAIN_VERSION=0.5.23
-SGLANG_OTHER_VERSIONS="0.5.17"
+SGLANG_OTHER_VERSIONS="0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22"
 stamp_input=$(cat requirements/*.txt scripts/setup-python.sh sglang-ddtree/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 stamp=.venv/.setup-$stamp_input
 if [ -e "$stamp" ]; then echo "setup-python: up to date ($stamp)"; exit 0; fi
