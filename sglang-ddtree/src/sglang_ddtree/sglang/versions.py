@@ -1,10 +1,12 @@
 """The SGLang versions this plugin supports, declared in ONE place, and the small adapters over their differences.
 
 The plugin was built against the plugin registry (``SpeculativeAlgorithm.register``, the ``sglang.srt.plugins``
-entry points, ``HookRegistry``) and the ``DFlashWorkerV2`` of SGLang 0.5.17 and 0.5.23, and its tests run
-against both real wheels. Releases in between share the same registry and V2 worker, so the declared range
-is the closed interval [0.5.17, 0.5.23]. Anything else (older: no registry or no V2 worker; newer: unaudited
-internals) makes ``register()`` log one line and register nothing.
+entry points, ``HookRegistry``) and the ``DFlashWorkerV2`` of SGLang 0.5.17 and 0.5.23. The declared range is
+the closed interval [0.5.17, 0.5.23], every release on PyPI from 0.5.17 to the newest (checked 2026-12-03): CI
+runs the registration, server-args, fail-loudly and DFLASH-branch tests against the real wheel of each release
+(0.5.17 to 0.5.22 in ``.venv-sglang-<version>``, 0.5.23 in ``.venv``) and the whole glue suite against 0.5.17
+and 0.5.23. Anything else (older: no registry or no V2 worker; newer: unaudited internals) makes ``register()``
+log one line and register nothing.
 
 Differences handled here (and only here):
 
