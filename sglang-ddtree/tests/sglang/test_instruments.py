@@ -74,9 +74,12 @@ def test_oracle_tokens_follow_each_request_from_its_root(tmp_path, monkeypatch):
     path.write_text(json.dumps({"items": [{"prompt": prompt, "continuation": cont}], "ranks": [1, 2]}))
     monkeypatch.setattr(testing, "ORACLE_FILE", str(path))
     monkeypatch.setattr(testing, "_oracle", None)
+    monkeypatch.setattr(testing, "_round", 0)
     reqs = [SimpleNamespace(origin_input_ids=prompt), SimpleNamespace(origin_input_ids=[1, 2]),
             SimpleNamespace(origin_input_ids=prompt)]
     # request 0: root = cont[2] at position 5; request 1 unknown prompt; request 2: root does not match
     tokens, ranks = testing.oracle_tokens(reqs, torch.tensor([5, 9, 4]), torch.tensor([22, 3, 99]), 4)
     assert tokens.tolist() == [[23, 24, 25, -1], [-1] * 4, [-1] * 4]
-    assert ranks[0].tolist() == [1, 2, 1, 2]  # (position + d + 1) % 2 -> ranks [1, 2]
+    assert ranks[0].tolist() == [2, 1, 2, 1] and ranks[1].tolist() == [1, 2, 1, 2]  # (round + request + d) % 2
+    _, again = testing.oracle_tokens(reqs, torch.tensor([5, 9, 4]), torch.tensor([22, 3, 99]), 4)
+    assert torch.equal(again[0], ranks[1])  # the next round shifts the pattern

@@ -69,6 +69,31 @@ def test_custom_mask_layout_is_full_mask_per_request():
     assert offset == mask.numel()
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool])
+def test_mask_written_into_the_backend_buffer_has_the_tree_cells_and_leaves_the_prefix(dtype):
+    """Only the tree cells are written (the prefix columns are never read by Triton's verify); they equal the
+    full build's cells, and the returned view is the buffer's own storage (so the graph replay's copy is a
+    self-copy)."""
+    tree, _ = _trees()
+    bsz, m = tree.parents.shape
+    prefix = torch.tensor([5, 0, 11])
+    full = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
+    sentinel = 7 if dtype == torch.uint8 else False
+    buffer = torch.full((full.numel() + 40,), sentinel, dtype=dtype)
+    got = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer).custom_mask
+    assert got.data_ptr() == buffer.data_ptr() and got.numel() == full.numel() and got.dtype == dtype
+    offset = 0
+    for b in range(bsz):
+        p = int(prefix[b])
+        block = got[offset : offset + m * (p + m)].view(m, p + m)
+        assert torch.equal(block[:, p:].bool(), tree.ancestors[b])
+        assert (block[:, :p] == sentinel).all()  # prefix cells untouched
+        offset += m * (p + m)
+    assert (buffer[full.numel() :] == sentinel).all()
+    with pytest.raises(ValueError, match="verify-mask buffer has"):
+        build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer[:10])
+
+
 def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins_loaded):
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.speculative.spec_info import SpecInputType

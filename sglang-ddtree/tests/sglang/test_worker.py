@@ -98,6 +98,27 @@ def test_verify_inputs_take_the_slots_of_positions_prefix_to_prefix_plus_n():
     assert arrays.positions.view(bs, m)[:, 0].tolist() == [7, 20]
 
 
+@pytest.mark.parametrize("room", [0, 5])
+def test_verify_mask_goes_into_the_backends_buffer_when_it_fits(room):
+    """The tree cells are written into the full-attention backend's verify-mask buffer (a hybrid backend wraps
+    it); a batch whose mask does not fit gets the whole mask built instead."""
+    from sglang_ddtree.sglang.verify_input import mask_numel
+
+    worker, backend = _worker()
+    bs, m = 2, worker.ddtree_num_nodes
+    tree = worker._ddtree_tree_from_hidden(torch.randn(bs * 4, 16), bs, _lm_head(), None, 40)
+    prefix = torch.tensor([7, 20])
+    need = mask_numel(27, bs, m)
+    inner = SimpleNamespace(_verify_mask=SimpleNamespace(buffer=torch.zeros(need + room, dtype=torch.uint8)))
+    backend.full_attn_backend = inner
+    req_to_token = torch.arange(4 * 100).view(4, 100)
+    arrays, _ = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
+    assert arrays.custom_mask.data_ptr() == inner._verify_mask.buffer.data_ptr()
+    inner._verify_mask = SimpleNamespace(buffer=torch.zeros(need - 1, dtype=torch.uint8))
+    arrays, _ = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
+    assert arrays.custom_mask.dtype == torch.bool and arrays.custom_mask.numel() == need
+
+
 def _logits_following(tree, bs, m, vocab, gen):
     """Target logits whose argmax at each node is often the token of one of its children."""
     target = torch.randint(0, vocab, (bs, m), generator=gen)

@@ -5,10 +5,12 @@ import and skips every call when they are unset.
 * ``SGLANG_DDTREE_TEST_ORACLE=FILE``: force acceptance deep and off the first branch. FILE (JSON) holds
   ``{"items": [{"prompt": [ids], "continuation": [ids]}], "ranks": [r_1, r_2, ...]}``: for a request whose prompt
   is listed, the drafter's distribution at depth d is replaced so that the target's own greedy continuation
-  (from a no-speculation run) is the candidate of rank ``ranks[(position + d) % len(ranks)]`` (1 = first) with
-  junk tokens ranked above it. Unlisted requests and depths past the continuation keep the drafter's logits.
-  The tree then has to be walked through non-first siblings at several depths for anything to be accepted, so
-  a wrong logit at any node below a sibling shows up as a token that differs from no speculation.
+  (from a no-speculation run) is the candidate of rank ``ranks[(round + request + d) % len(ranks)]`` (1 =
+  first; ``round`` counts this process's decode rounds, so the pattern does not fall into step with the
+  positions a run happens to visit) with junk tokens ranked above it. Unlisted requests and depths past the
+  continuation keep the drafter's logits. The tree then has to be walked through non-first siblings at
+  several depths for anything to be accepted, so a wrong logit at any node below a sibling shows up as a
+  token that differs from no speculation.
 * ``SGLANG_DDTREE_TEST_STATS=FILE``: one JSON line per decode round: batch size, whether the target verify ran
   a CUDA graph, accepted draft nodes per request, accepted nodes that are not their parent's first child.
 * ``SGLANG_DDTREE_TEST_GRAPH_CHECK=1``: after every target verify that replayed a CUDA graph, run the same verify
@@ -48,6 +50,7 @@ ACTIVE = bool(ORACLE_FILE or STATS_FILE)
 
 _oracle: dict[tuple[int, ...], tuple[list[int], list[int]]] | None = None
 _ranks: list[int] = [1]
+_round = 0
 
 
 def skipped_hooks() -> set[str]:
@@ -68,7 +71,9 @@ def oracle_tokens(reqs: Any, prefix_lens: torch.Tensor, root_tokens: torch.Tenso
     """(tokens [B, D] int64, ranks [B, D] int64): the no-speculation continuation after each request's root
     token and the rank it is forced to; -1 tokens where unknown (unlisted prompt, past the continuation, or the
     root is not the continuation's token at that position)."""
+    global _round
     table = _load_oracle()
+    _round += 1
     lens = prefix_lens.tolist()
     roots = root_tokens.tolist()
     bs = len(lens)
@@ -79,7 +84,7 @@ def oracle_tokens(reqs: Any, prefix_lens: torch.Tensor, root_tokens: torch.Tenso
         prompt = tuple(getattr(req, "origin_input_ids", ()) or ())
         cont = table.get(prompt)
         for d in range(depth):
-            ranks[i, d] = _ranks[(int(lens[i]) + d + 1) % len(_ranks)]
+            ranks[i, d] = _ranks[(_round + i + d) % len(_ranks)]
         if cont is None:
             continue
         j = int(lens[i]) - len(prompt)  # index of the root token in the continuation

@@ -5,10 +5,14 @@ core's tree. Layouts (B requests, N+1 tree nodes per request, node 0 = root = th
 
 * ``tokens`` int64 [B*(N+1)]: root token then the tree's tokens, request-major (SGLang's ``draft_token``).
 * ``positions`` int64 [B*(N+1)]: ``prefix_len + depth`` (every node sits right after its ancestors).
-* ``custom_mask`` bool, flat: per request a row-major [N+1, prefix_len + N+1] block (query node i may attend
-  every prefix token and the tree nodes that are its ancestors or itself), requests concatenated. This is the
+* ``custom_mask`` flat: per request a row-major [N+1, prefix_len + N+1] block (query node i may attend every
+  prefix token and the tree nodes that are its ancestors or itself), requests concatenated. This is the
   FULL_MASK layout the Triton backend reads for TARGET_VERIFY (``mask_indptr = cumsum((N+1) * (seq_len +
-  N+1))``) and that FlashInfer's DFLASH_VERIFY path (``generate_attn_arg_prefill``) passes on.
+  N+1))``). Triton's verify never reads the prefix columns (``extend_attention_fwd``'s
+  ``skip_prefix_custom_mask`` defaults to True: the prefix is always visible), so with ``mask_buffer`` (the
+  backend's own verify-mask buffer) only the B x (N+1)^2 tree cells are written, in place: the per-step mask
+  work does not grow with the context, and the graph replay's copy of the mask into that buffer becomes a
+  self-copy, which torch skips. Without it, the whole mask is built (bool; prefix columns True).
 * ``retrieve_index`` int64 [B, N+1]: global row of each node (``b*(N+1) + i``); -1 for padding nodes.
 * ``retrieve_next_token`` / ``retrieve_next_sibling`` int64 [B, N+1]: first child / next sibling (local node
   indices, -1 if none), EAGLE's layout, which the linear-attention backends turn into per-node parents.
@@ -27,6 +31,8 @@ __all__ = [
     "build_verify_arrays",
     "dummy_verify_input_for_capture",
     "mask_numel",
+    "tree_block_offsets",
+    "write_tree_mask",
 ]
 
 
@@ -76,8 +82,43 @@ def build_tree_custom_mask(ancestors: torch.Tensor, prefix_lens: torch.Tensor, p
     return torch.where(in_tree, tree_allowed, torch.ones_like(in_tree))
 
 
+def tree_block_offsets(prefix_lens: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Flat positions [B, M, M] of each request's tree cells (query i, key prefix_b + j) in the FULL_MASK layout.
+
+    Args:
+        prefix_lens: int [B] committed length of each request (device tensor).
+        num_nodes: M = N+1.
+    """
+    m = int(num_nodes)
+    prefix = prefix_lens.to(torch.int64)
+    bsz = prefix.shape[0]
+    row_len = (prefix + m).view(bsz, 1, 1)
+    starts = (m * (torch.cumsum(prefix, 0) - prefix) + torch.arange(bsz, device=prefix.device) * m * m).view(bsz, 1, 1)
+    ar = torch.arange(m, device=prefix.device, dtype=torch.int64)
+    return starts + ar.view(1, m, 1) * row_len + prefix.view(bsz, 1, 1) + ar.view(1, 1, m)
+
+
+def write_tree_mask(buffer: torch.Tensor, ancestors: torch.Tensor, prefix_lens: torch.Tensor,
+                    prefix_lens_sum: int) -> torch.Tensor:
+    """Write the tree cells of the FULL_MASK layout into ``buffer`` (flat, any dtype); return its first
+    ``mask_numel`` elements (the view SGLang's verify reads). Prefix cells are left as they are: never read.
+
+    Args:
+        buffer: flat mask buffer with at least ``mask_numel(prefix_lens_sum, B, M)`` elements.
+        ancestors: bool [B, M, M] ancestor-or-self matrix.
+        prefix_lens: int [B]; prefix_lens_sum: its host-known sum (or an upper bound of it).
+    """
+    bsz, m, _ = ancestors.shape
+    total = mask_numel(prefix_lens_sum, bsz, m)
+    if total > buffer.numel():
+        raise ValueError(f"tree mask needs {total} cells, the verify-mask buffer has {buffer.numel()}")
+    offsets = tree_block_offsets(prefix_lens, m)
+    buffer.view(-1)[offsets.reshape(-1)] = ancestors.reshape(-1).to(buffer.dtype)
+    return buffer.view(-1)[:total]
+
+
 def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch.Tensor,
-                        prefix_lens_sum: int) -> TreeVerifyArrays:
+                        prefix_lens_sum: int, mask_buffer: torch.Tensor | None = None) -> TreeVerifyArrays:
     """All verify arrays for a batch of trees (``tree``: the core's ``DraftTree``).
 
     Args:
@@ -85,6 +126,8 @@ def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch
         root_tokens: int [B] the last verified token of each request (the previous round's bonus token).
         prefix_lens: int [B] committed sequence lengths (positions of the roots).
         prefix_lens_sum: host-known sum of ``prefix_lens``.
+        mask_buffer: the attention backend's verify-mask buffer: write only the tree cells into it (see the
+            module docstring); None: build the whole mask.
     """
     bsz = tree.tokens.shape[0]
     m = tree.tokens.shape[1] + 1
@@ -98,7 +141,11 @@ def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch
     return TreeVerifyArrays(
         tokens=tokens.reshape(-1),
         positions=positions.reshape(-1),
-        custom_mask=build_tree_custom_mask(tree.ancestors, prefix_lens, prefix_lens_sum),
+        custom_mask=(
+            build_tree_custom_mask(tree.ancestors, prefix_lens, prefix_lens_sum)
+            if mask_buffer is None
+            else write_tree_mask(mask_buffer, tree.ancestors, prefix_lens, prefix_lens_sum)
+        ),
         retrieve_index=retrieve_index,
         retrieve_next_token=tree.first_child.to(torch.int64),
         retrieve_next_sibling=tree.next_sibling.to(torch.int64),

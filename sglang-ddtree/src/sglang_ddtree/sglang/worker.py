@@ -37,7 +37,7 @@ from .commit import compact_to_front, kv_commit_moves, out_tokens_from_path, tre
 from .server_args import current_block_size
 from .tp_topk import sharded_candidates
 from .tree_kernels import verify_tree_greedy
-from .verify_input import build_verify_arrays
+from .verify_input import build_verify_arrays, mask_numel
 
 logger = logging.getLogger(__name__)
 
@@ -196,9 +196,21 @@ class DDTreeWorker(DFlashWorkerV2):
         return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
 
     # --- 3) verify input -------------------------------------------------------------------------------------
+    def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int):
+        """The target attention backend's verify-mask buffer when this batch's mask fits in it (the tree cells
+        are then written into it in place), else None (the whole mask is built)."""
+        backend = self.target_worker.model_runner.attn_backend
+        for _ in range(4):  # hybrid backends wrap the full-attention one
+            backend = getattr(backend, "full_attn_backend", None) or backend
+        buffer = getattr(getattr(backend, "_verify_mask", None), "buffer", None)
+        if buffer is None or mask_numel(prefix_lens_sum, bs, self.ddtree_num_nodes) > buffer.numel():
+            return None
+        return buffer
+
     def _ddtree_verify_inputs(self, tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices):
         """(TreeVerifyArrays, out_cache_loc [bs*(N+1)]): slots of positions prefix..prefix+N, request-major."""
-        arrays = build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum)
+        mask_buffer = self._ddtree_mask_buffer(root_tokens.shape[0], prefix_lens_sum)
+        arrays = build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum, mask_buffer)
         m = arrays.num_nodes
         offsets = prefix_lens.to(torch.int64).view(-1, 1) + torch.arange(m, device=prefix_lens.device).view(1, m)
         rows = req_to_token[req_pool_indices.to(torch.int64)]
