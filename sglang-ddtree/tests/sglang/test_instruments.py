@@ -83,3 +83,41 @@ def test_oracle_tokens_follow_each_request_from_its_root(tmp_path, monkeypatch):
     assert ranks[0].tolist() == [2, 1, 2, 1] and ranks[1].tolist() == [1, 2, 1, 2]  # (round + request + d) % 2
     _, again = testing.oracle_tokens(reqs, torch.tensor([5, 9, 4]), torch.tensor([22, 3, 99]), 4)
     assert torch.equal(again[0], ranks[1])  # the next round shifts the pattern
+
+
+class _VerifyingRunner:
+    """Stand-in model runner whose verify reads the recurrent conv state and shifts it in place, as SGLang's
+    GatedDeltaNet verify does (causal_conv1d_update)."""
+
+    def __init__(self):
+        conv = torch.arange(6.0).view(1, 6)
+        self.req_to_token_pool = SimpleNamespace(
+            mamba_pool=SimpleNamespace(mamba_cache=SimpleNamespace(conv=[conv], temporal=torch.zeros(2)))
+        )
+        self.decode_cuda_graph_runner = "graphs"
+        self.eager_runner = "eager"
+        self.runners_seen = []
+
+    def forward(self, fb):
+        self.runners_seen.append(self.decode_cuda_graph_runner)
+        conv = self.req_to_token_pool.mamba_pool.mamba_cache.conv[0]
+        logits = conv.sum().view(1, 1).repeat(3, 4) + torch.arange(4.0)
+        conv.add_(1.0)  # the verify's in-place state update
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+
+@pytest.mark.parametrize("with_snapshot", [True, False])
+def test_graph_vs_eager_reruns_from_the_recurrent_state_the_graph_verify_started_from(with_snapshot):
+    runner = _VerifyingRunner()
+    snapshot = testing.recurrent_state_snapshot(runner)
+    assert len(snapshot) == 2  # conv layer + temporal
+    graph_logits = runner.forward(SimpleNamespace(forward_metadata_ready=True)).logits_output.next_token_logits
+    diff, argmax_diff = testing.graph_vs_eager(runner, SimpleNamespace(forward_metadata_ready=True), graph_logits,
+                                               snapshot if with_snapshot else None)
+    assert runner.runners_seen[-1] == "eager" and runner.decode_cuda_graph_runner == "graphs"
+    assert argmax_diff == 0
+    assert (diff == 0.0) is with_snapshot  # without the snapshot the shifted state shows up as a difference
+
+
+def test_pure_attention_targets_have_no_recurrent_state_to_snapshot():
+    assert testing.recurrent_state_snapshot(SimpleNamespace(req_to_token_pool=SimpleNamespace())) == []

@@ -136,14 +136,32 @@ def nonfirst_accepts(tree: Any, accept_index: torch.Tensor, accept_len: torch.Te
     return (accepted & (first != idx)).sum(dim=1)
 
 
-def graph_vs_eager(model_runner: Any, forward_batch: Any, graph_logits: torch.Tensor) -> tuple[float, int]:
+def recurrent_state_snapshot(model_runner: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of a hybrid target's recurrent state (every layer's conv and SSM state tensors), taken before the
+    verify: SGLang's GatedDeltaNet verify shifts the conv state in place (``causal_conv1d_update``), so an eager
+    re-run must start from the state the graph verify started from. Empty for pure-attention targets."""
+    cache = getattr(getattr(getattr(model_runner, "req_to_token_pool", None), "mamba_pool", None), "mamba_cache", None)
+    if cache is None:
+        return []
+    tensors = list(getattr(cache, "conv", None) or [])
+    temporal = getattr(cache, "temporal", None)
+    if isinstance(temporal, torch.Tensor):
+        tensors.append(temporal)
+    return [(t, t.clone()) for t in tensors]
+
+
+def graph_vs_eager(model_runner: Any, forward_batch: Any, graph_logits: torch.Tensor,
+                   snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[float, int]:
     """Run the verify ``forward_batch`` again eagerly (the model runner's eager runner in place of its CUDA-graph
     runner) and compare its logits with the graph replay's: (max |difference|, nodes whose argmax differs).
 
-    The eager pass rewrites the tree nodes' KV slots with the values it computes: harmless for the comparison
-    (the graph's logits are taken first), and the round goes on with the graph's results.
+    ``snapshot`` (``recurrent_state_snapshot`` taken before the graph verify) is restored first, so both passes
+    start from the same recurrent state. The eager pass rewrites the tree nodes' KV slots and the per-node
+    recurrent states with the values it computes: the same ones when graph and eager agree.
     """
     graph = graph_logits.float().clone()
+    for live, saved_state in snapshot or []:
+        live.copy_(saved_state)
     fb = copy.copy(forward_batch)
     fb.forward_metadata_ready = False  # plan the eager attention metadata again
     saved = model_runner.decode_cuda_graph_runner

@@ -344,6 +344,7 @@ class DDTreeWorker(DFlashWorkerV2):
             verify_input.prepare_for_verify, batch=batch, target_worker=self.target_worker, defer_metadata_init=False
         )
         batch.seq_lens_cpu, batch.seq_lens_sum = backup
+        snapshot = testing.recurrent_state_snapshot(self.target_worker.model_runner) if testing.GRAPH_CHECK else None
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_forward_batch, is_verify=True, skip_attn_backend_init=True
         )
@@ -354,7 +355,7 @@ class DDTreeWorker(DFlashWorkerV2):
         check = None
         if testing.GRAPH_CHECK and target_out.can_run_cuda_graph:
             check = testing.graph_vs_eager(
-                self.target_worker.model_runner, verify_forward_batch, logits_output.next_token_logits
+                self.target_worker.model_runner, verify_forward_batch, logits_output.next_token_logits, snapshot
             )
 
         accept_index, accept_len, bonus = self._ddtree_accept(
