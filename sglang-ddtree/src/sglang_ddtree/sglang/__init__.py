@@ -174,7 +174,8 @@ def check_sglang(expect: str = "any") -> tuple[int, dict]:
     elif impl is None and report["plugin_status"] is None:
         problem = (
             "load_plugins() never called sglang-ddtree's register(): the plugin is not installed in this "
-            "interpreter, or SGLANG_PLUGINS is set and does not list 'ddtree'"
+            "interpreter, SGLANG_PLUGINS is set and does not list 'ddtree', or importing it failed (SGLang then "
+            "logs 'Failed to load plugin ddtree')"
         )
     elif impl is None:
         problem = f"DDTREE is not registered: {report['plugin_status']}"
