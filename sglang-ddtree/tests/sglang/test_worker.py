@@ -147,7 +147,8 @@ def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
     got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), None)
     assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
     assert int(ref[1].max()) > 0
-    sampling = SimpleNamespace(
+    sampling = StandInSamplingInfo(
+        bs,
         is_all_greedy=False,
         temperatures=torch.full((bs, 1), 0.7),
         top_ks=torch.ones(bs, dtype=torch.int64),  # top-k 1: sampling must reproduce greedy exactly
@@ -155,6 +156,47 @@ def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
     )
     sampled = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), sampling)
     assert all(torch.equal(x, y) for x, y in zip(sampled, ref, strict=True))
+
+
+class StandInSamplingInfo(SimpleNamespace):
+    """The attributes of SGLang's SamplingBatchInfo that its DFLASH verify adjustments read."""
+
+    def __init__(self, bs, **fields):
+        defaults = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_linear_penalties=None,
+                        penalizer_orchestrator=None, grammar_mask=None, logit_bias=None)
+        super().__init__(**{**defaults, **fields})
+        self._bs = bs
+
+    def __len__(self):
+        return self._bs
+
+
+def test_accept_applies_sglangs_verify_adjustments_to_every_node():
+    """logit_bias (one of the adjustments SGLang's DFLASH verify applies) forbids a token the target would pick
+    at a node: DDTREE's walk must follow the adjusted logits, at every node (issue 14)."""
+    worker, _ = _worker()
+    bs, vocab = 3, 40
+    gen = torch.Generator().manual_seed(2)
+    tree = worker._ddtree_tree_from_hidden(torch.randn(bs * 4, 16, generator=gen), bs, _lm_head(), None, vocab)
+    m = worker.ddtree_num_nodes
+    arrays, _ = worker._ddtree_verify_inputs(
+        tree, torch.zeros(bs, dtype=torch.long), torch.zeros(bs, dtype=torch.long), 0,
+        torch.zeros((bs, 64), dtype=torch.long), torch.arange(bs),
+    )
+    logits, target = _logits_following(tree, bs, m, vocab, gen)
+    unbiased = greedy_walk(tree, target)
+    b = int(torch.nonzero(unbiased[1] > 0)[0])  # a request that accepts a path: bias its first accepted token away
+    banned = int(tree.tokens[b, int(unbiased[0][b, 1]) - 1])
+    bias = torch.zeros(bs, vocab)
+    bias[b, banned] = -1e4
+    adjusted = logits.view(bs * m, vocab).clone() + bias.repeat_interleave(m, dim=0)
+    ref = greedy_walk(tree, adjusted.view(bs, m, vocab).argmax(-1))
+    info = StandInSamplingInfo(bs, logit_bias=bias)
+    got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab).clone(), info)
+    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    assert not torch.equal(got[0][b], unbiased[0][b])  # the banned token is no longer accepted
+    others = [i for i in range(bs) if i != b]
+    assert torch.equal(got[0][others], unbiased[0][others])  # other requests unaffected
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

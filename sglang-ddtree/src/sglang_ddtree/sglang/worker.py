@@ -219,8 +219,20 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # --- 4) accept and commit --------------------------------------------------------------------------------
     def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any):
-        """(local accept_index [bs, S], accept_len [bs], bonus [bs])."""
+        """(local accept_index [bs, S], accept_len [bs], bonus [bs]).
+
+        First SGLang's own DFLASH verify adjustments (``apply_dflash_verify_logits_adjustments``: custom logit
+        processors, the penalizers' accumulated penalties of the committed output, min_new_tokens, logit_bias)
+        on every node's logits, in place, as DFLASH applies them to every block position (a no-op for requests
+        without them). Penalties counting each node's own path are ``logit_adjust.apply_tree_logit_adjustments``
+        (not wired yet)."""
         bs, m = arrays.retrieve_index.shape
+        if sampling_info is not None:
+            from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=next_token_logits, sampling_info=sampling_info, draft_token_num=m
+            )
         logits = next_token_logits.view(bs, m, -1)
         if sampling_info is None or getattr(sampling_info, "is_all_greedy", True):
             target_predict = torch.argmax(logits, dim=-1)
