@@ -169,3 +169,65 @@ def test_penalties_need_the_committed_counts():
             torch.zeros(1, 2, V), torch.zeros(1, 2, dtype=torch.int64), torch.tensor([[-1, 0]]),
             torch.tensor([[0, 1]]), TreeLogitAdjustments(frequency_penalty=torch.tensor([0.5])),
         )
+
+
+def _orchestrator(reqs):
+    from sglang.srt.sampling import penaltylib
+    from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+
+    batch = _Batch(reqs)
+    orchestrator = BatchedPenalizerOrchestrator(
+        vocab_size=V,
+        batch=batch,
+        penalizers={
+            penaltylib.BatchedFrequencyPenalizer,
+            penaltylib.BatchedMinNewTokensPenalizer,
+            penaltylib.BatchedPresencePenalizer,
+            penaltylib.BatchedRepetitionPenalizer,
+        },
+    )
+    return orchestrator, batch
+
+
+def test_from_sglang_reads_a_real_batchs_penalizer_state():
+    """The committed state as SGLang's own batched penalizers hold it (cumulated step by step over the batch),
+    read by TreeLogitAdjustments.from_sglang, gives every node what the per-path reference gives."""
+    gen = torch.Generator().manual_seed(7)
+    m = 8
+    reqs = [_req(0.5, 0.2, 1.4, 5), _req(0.0, 0.0, 1.0, 0), _req(1.0, 0.6, 1.0, 9)]
+    bsz = len(reqs)
+    trees = [_random_tree(gen, m) for _ in range(bsz)]
+    steps = 3
+    committed = [[int(t) for t in torch.randint(0, 9, (steps,), generator=gen)] + [trees[b][0][0]]
+                 for b in range(bsz)]
+    orchestrator, batch = _orchestrator(reqs)
+    for step in range(steps + 1):  # one token per request per decode step, as the scheduler feeds them
+        orchestrator.cumulate_output_tokens(torch.tensor([c[step] for c in committed], dtype=torch.int64))
+    logit_bias = torch.zeros(bsz, V)
+    logit_bias[1, 5] = 3.0
+    sampling_info = SimpleNamespace(penalizer_orchestrator=orchestrator, logit_bias=logit_bias)
+
+    adjust = TreeLogitAdjustments.from_sglang(sampling_info)
+    assert adjust.committed_frequency is not None and adjust.committed_repetition is not None
+    assert adjust.num_output_tokens.tolist() == [steps + 1] * bsz
+    logits = torch.randn(bsz, m, V, generator=gen) * 3
+    got = apply_tree_logit_adjustments(
+        logits,
+        torch.tensor([t for t, _, _ in trees]),
+        torch.tensor([p for _, p, _ in trees]),
+        torch.tensor([d for _, _, d in trees]),
+        adjust,
+    )
+    for b in range(bsz):
+        tree_tokens, tree_parents, _ = trees[b]
+        for i in range(m):
+            emitted = committed[b] + _path(tree_parents, tree_tokens, i)
+            want = _sglang_reference(logits[b, i], reqs[b], emitted, logit_bias[b])
+            torch.testing.assert_close(got[b, i], want, msg=f"request {b} node {i}")
+    del batch
+
+
+def test_from_sglang_without_penalties_is_just_the_logit_bias():
+    bias = torch.ones(2, V)
+    adjust = TreeLogitAdjustments.from_sglang(SimpleNamespace(penalizer_orchestrator=None, logit_bias=bias))
+    assert adjust.logit_bias is bias and adjust.frequency_penalty is None and adjust.min_new_tokens is None

@@ -37,10 +37,14 @@ __all__ = ["TreeLogitAdjustments", "apply_tree_logit_adjustments", "path_token_c
 class TreeLogitAdjustments:
     """Per-request sampling state (B requests, vocabulary V). Every field is optional; None means "off".
 
-    * ``committed_counts``: float/int [B, V], how often each token occurs in the request's committed OUTPUT
-      tokens (the tree's root, the previous round's bonus token, included; the prompt excluded, as SGLang's
-      penalizers count output tokens only). Required when any of the three penalties is given.
     * ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``: float [B] (0, 0, 1 = off per request).
+    * the committed output's state, in ONE of two forms:
+      - ``committed_counts``: float/int [B, V], how often each token occurs in the request's committed OUTPUT
+        tokens (the tree's root, the previous round's bonus token, included; the prompt excluded, as SGLang's
+        penalizers count output tokens only); or
+      - SGLang's penalizer state for the same tokens (what ``from_sglang`` reads): ``committed_frequency``
+        [B, V] = frequency_penalty * count, ``committed_presence`` [B, V] = presence_penalty where present else 0,
+        ``committed_repetition`` [B, V] = repetition_penalty where present else 1 (each only with its penalty).
     * ``logit_bias``: float [B, V], added as is.
     * ``min_new_tokens``: int [B]; ``num_output_tokens``: int [B], committed output length (root included);
       ``stop_token_mask``: bool [B, V], the tokens SGLang masks (stop_token_ids, eos ids, the tokenizer's eos and
@@ -55,6 +59,39 @@ class TreeLogitAdjustments:
     min_new_tokens: torch.Tensor | None = None
     num_output_tokens: torch.Tensor | None = None
     stop_token_mask: torch.Tensor | None = None
+    committed_frequency: torch.Tensor | None = None
+    committed_presence: torch.Tensor | None = None
+    committed_repetition: torch.Tensor | None = None
+
+    @classmethod
+    def from_sglang(cls, sampling_info) -> TreeLogitAdjustments:
+        """The adjustments a SGLang ``SamplingBatchInfo`` carries (duck-typed, SGLang is not imported): the
+        prepared penalizers of ``sampling_info.penalizer_orchestrator`` (frequency, presence, repetition,
+        min_new_tokens; their state is the committed output as SGLang has cumulated it) and
+        ``sampling_info.logit_bias``. Custom logit processors and grammar masks are not included."""
+        adjust = cls(logit_bias=getattr(sampling_info, "logit_bias", None))
+        orchestrator = getattr(sampling_info, "penalizer_orchestrator", None)
+        if orchestrator is None or not getattr(orchestrator, "is_required", False):
+            return adjust
+        for penalizer in getattr(orchestrator, "penalizers", {}).values():
+            if not getattr(penalizer, "_is_prepared", False):
+                continue
+            if hasattr(penalizer, "cumulated_frequency_penalties"):
+                adjust.frequency_penalty = penalizer.frequency_penalties.reshape(-1)
+                adjust.committed_frequency = penalizer.cumulated_frequency_penalties
+            elif hasattr(penalizer, "cumulated_presence_penalties"):
+                adjust.presence_penalty = penalizer.presence_penalties.reshape(-1)
+                adjust.committed_presence = penalizer.cumulated_presence_penalties
+            elif hasattr(penalizer, "cumulated_repetition_penalties"):
+                adjust.repetition_penalty = penalizer.repetition_penalties.reshape(-1)
+                adjust.committed_repetition = penalizer.cumulated_repetition_penalties
+            elif hasattr(penalizer, "stop_token_penalties"):
+                adjust.min_new_tokens = penalizer.min_new_tokens.reshape(-1)
+                adjust.num_output_tokens = penalizer.len_output_tokens.reshape(-1)
+                adjust.stop_token_mask = torch.isneginf(penalizer.stop_token_penalties)
+            else:
+                raise ValueError(f"unknown SGLang penalizer {type(penalizer).__name__}: not applied per tree node")
+        return adjust
 
 
 def _ancestors_or_self(parents: torch.Tensor) -> torch.Tensor:
@@ -106,19 +143,28 @@ def apply_tree_logit_adjustments(
             f"{tuple(parents.shape)}, {tuple(depths.shape)}"
         )
     out = logits.to(torch.float32).clone()
-    penalties = (adjust.frequency_penalty, adjust.presence_penalty, adjust.repetition_penalty)
-    counts = None
-    if any(p is not None for p in penalties):
-        if adjust.committed_counts is None:
-            raise ValueError("committed_counts is required with frequency/presence/repetition penalties")
-        counts = adjust.committed_counts.to(torch.float32).unsqueeze(1) + path_token_counts(tokens, parents, vocab)
+    path = None
+    if any(p is not None for p in (adjust.frequency_penalty, adjust.presence_penalty, adjust.repetition_penalty)):
+        path = path_token_counts(tokens, parents, vocab)
+        in_path = path > 0
 
-    # 1. additive penalties (SGLang: frequency, presence, min_new_tokens into one additive tensor)
+    def committed(state, from_counts, name):
+        if state is not None:
+            return state.to(torch.float32).view(bsz, 1, vocab)
+        if adjust.committed_counts is None:
+            raise ValueError(f"{name} needs committed_counts or its committed SGLang state")
+        return from_counts(adjust.committed_counts.to(torch.float32).view(bsz, 1, vocab))
+
+    # 1. additive penalties (SGLang: frequency, presence, min_new_tokens into one additive tensor); a path token
+    #    adds to the frequency state and sets the presence state, as the penalizers' cumulate_output_tokens does
     additive = torch.zeros_like(out)
     if adjust.frequency_penalty is not None:
-        additive -= adjust.frequency_penalty.to(torch.float32).view(bsz, 1, 1) * counts
+        f = adjust.frequency_penalty.to(torch.float32).view(bsz, 1, 1)
+        additive -= committed(adjust.committed_frequency, lambda c: f * c, "frequency_penalty") + f * path
     if adjust.presence_penalty is not None:
-        additive -= adjust.presence_penalty.to(torch.float32).view(bsz, 1, 1) * (counts > 0).to(torch.float32)
+        p = adjust.presence_penalty.to(torch.float32).view(bsz, 1, 1)
+        state = committed(adjust.committed_presence, lambda c: torch.where(c > 0, p, 0.0), "presence_penalty")
+        additive -= torch.where(in_path, p, state)
     if adjust.min_new_tokens is not None:
         if adjust.num_output_tokens is None or adjust.stop_token_mask is None:
             raise ValueError("min_new_tokens needs num_output_tokens and stop_token_mask")
@@ -130,8 +176,9 @@ def apply_tree_logit_adjustments(
 
     # 2. the scaling penalty (repetition)
     if adjust.repetition_penalty is not None:
-        rep = adjust.repetition_penalty.to(torch.float32).view(bsz, 1, 1)
-        scale = torch.where(counts > 0, rep, torch.ones_like(rep))
+        r = adjust.repetition_penalty.to(torch.float32).view(bsz, 1, 1)
+        state = committed(adjust.committed_repetition, lambda c: torch.where(c > 0, r, 1.0), "repetition_penalty")
+        scale = torch.where(in_path, r, state)
         out = torch.where(out < 0, out * scale, out / scale)
 
     # 3. logit_bias
