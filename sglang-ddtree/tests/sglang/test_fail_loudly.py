@@ -185,3 +185,39 @@ def test_check_command_in_a_fresh_interpreter_when_the_plugin_is_excluded():
     assert report["implementation"] is None and report["plugin_status"] is None
     assert "SGLANG_PLUGINS" in report["problem"]
     assert f"sglang-ddtree: {report['problem']}" in proc.stderr
+
+
+_FAILING_REGISTRATION = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+def boom(cls, *args, **kwargs):
+    raise RuntimeError("registry exploded")
+
+SpeculativeAlgorithm.register = classmethod(boom)
+from sglang.srt.plugins import load_plugins
+
+load_plugins()  # SGLang's own plugin loading, as in every server process
+from sglang_ddtree.sglang import check_sglang
+
+status, report = check_sglang()
+print(status, report["problem"])
+"""
+
+
+def test_a_registration_failure_under_sglangs_load_plugins_is_one_line_then_the_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_REGISTRATION], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    ours = [n for n, line in enumerate(lines) if "DDTREE NOT REGISTERED" in line]
+    assert len(ours) == 1, proc.stderr
+    assert lines[ours[0]] == (
+        "ERROR sglang_ddtree: sglang-ddtree: DDTREE NOT REGISTERED: register() raised RuntimeError: registry "
+        "exploded; --speculative-algorithm DDTREE will be rejected as unknown, other algorithms are unaffected "
+        "(traceback follows)"
+    )
+    assert lines[ours[0] + 1] == "Traceback (most recent call last):"
+    assert proc.stdout.strip() == "1 DDTREE is not registered: failed: RuntimeError: registry exploded"
