@@ -78,6 +78,7 @@ def test_plain_dflash_is_unchanged_with_the_plugin_loaded(model_dirs):
         # FlashInfer's captured verify graphs were never run with a tree: refused until a GPU run proves them
         (["--attention-backend", "flashinfer"], "drafter", r"--attention-backend='flashinfer'.*CUDA-graph"),
         (["--pp-size", "2"], "drafter", r"--pp-size=2: DDTREE does not support pipeline parallelism"),
+        (["--tp-size", "2", "--attn-cp-size", "2"], "drafter", r"--attn-cp-size=2: DDTREE's tree verify"),
         (["--speculative-draft-window-size", "64"], "drafter", r"--speculative-draft-window-size=64"),
         (["--speculative-dflash-block-size", "16"], "drafter", r"--speculative-dflash-block-size=16 differs .* 8"),
         ([], "target", r"is not a DFlash drafter: its config has architectures \['Qwen3ForCausalLM'\]"),
@@ -112,3 +113,18 @@ def test_dp_attention_is_rejected(model_dirs):
     argv = [*base_argv(model_dirs, "DDTREE"), "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]
     with pytest.raises(ValueError, match=r"DDTREE does not support data-parallel attention"):
         resolve(argv)
+
+
+def test_lazy_mamba_state_tracking_is_refused(model_dirs):
+    """0.5.17 offers --mamba-radix-cache-strategy extra_buffer_lazy and refuses it for DFLASH by name only; its
+    chain-shaped lazy tracking would be wrong for a tree. Releases without the choice reject the flag themselves;
+    0.5.23 refuses it for this (non-hybrid) target before DDTREE's handler runs, which is also a refusal."""
+    import sglang.srt.server_args as sa
+
+    argv = [*base_argv(model_dirs, "DDTREE"), "--mamba-radix-cache-strategy", "extra_buffer_lazy"]
+    if "extra_buffer_lazy" in getattr(sa, "MAMBA_RADIX_CACHE_STRATEGY_CHOICES", ()):
+        with pytest.raises(ValueError, match="extra_buffer_lazy(: its lazy state tracking follows a chain| needs)"):
+            resolve(argv)
+    else:
+        with pytest.raises(SystemExit):  # argparse: not a choice of this release
+            resolve(argv)

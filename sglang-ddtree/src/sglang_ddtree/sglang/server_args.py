@@ -189,6 +189,17 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             "--enable-dp-attention: DDTREE does not support data-parallel attention; drop --enable-dp-attention "
             "(tensor parallel --tp-size N is supported)"
         )
+    attn_cp = int(getattr(cfg, "attn_cp_size", 1) or 1)
+    if attn_cp != 1:
+        raise DDTreeConfigError(
+            f"--attn-cp-size={attn_cp}: DDTREE's tree verify under attention context parallelism is untested (the "
+            "drafter's KV width and the tree mask both depend on it); use --attn-cp-size 1"
+        )
+    if getattr(cfg, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
+        raise DDTreeConfigError(
+            "--mamba-radix-cache-strategy=extra_buffer_lazy: its lazy state tracking follows a chain, not DDTREE's "
+            "tree (SGLang refuses it for DFLASH too); use the default strategy or --disable-radix-cache"
+        )
     if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
         raise DDTreeConfigError(
             f"--disaggregation-mode={cfg.disaggregation_mode!r}: DDTREE does not support prefill/decode "
