@@ -123,7 +123,7 @@ def test_lazy_mamba_state_tracking_is_refused(model_dirs):
 
     argv = [*base_argv(model_dirs, "DDTREE"), "--mamba-radix-cache-strategy", "extra_buffer_lazy"]
     if "extra_buffer_lazy" in getattr(sa, "MAMBA_RADIX_CACHE_STRATEGY_CHOICES", ()):
-        with pytest.raises(ValueError, match="extra_buffer_lazy(: its lazy state tracking follows a chain| needs)"):
+        with pytest.raises(ValueError, match=r"extra_buffer_lazy(: its lazy state tracking follows a chain| needs)"):
             resolve(argv)
     else:
         with pytest.raises(SystemExit):  # argparse: not a choice of this release
