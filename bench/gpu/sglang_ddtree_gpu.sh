@@ -6,7 +6,7 @@
 #
 # STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra | lossless |
 # lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check; BUDGETS, BEFORE=1)
-# | models-flat | sampling (the temperature-1 test on a flat target). measure starts
+# | models-flat | sampling (the temperature-1 test on a flat target) | train-pair | tau (issue 15). measure starts
 # 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
 # own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
@@ -126,6 +126,10 @@ PY
   lossless-hybrid)  # the same on the hybrid GatedDeltaNet target (models-hybrid first)
     "$PY" bench/gpu/lossless.py --models "$OUT/models-hybrid" --work "$OUT/lossless-hybrid" --label hybrid \
       --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ;;
+  train-pair)  # issue 15: the trained target + DFlash drafter (bench/gpu/train_pair.py; ~8 min on the H200)
+    "$PY" bench/gpu/train_pair.py --out "$OUT/pair" ;;
+  tau)  # issue 15's table on the trained pair (train-pair first, in the same machine session)
+    "$PY" bench/gpu/tau.py --pair "$OUT/pair" --work "$OUT/tau" --result "$OUT/tau/tau-result.json" ;;
   models-flat)  # random (non-aligned) pair: nearly flat target distributions, for the sampling test
     "$PY" -c "import sys; from sglang_ddtree.reference.tiny import make_tiny_models as m; m(sys.argv[1], block_size=8)" \
       "$OUT/models-flat" ;;

@@ -106,6 +106,48 @@ def run_sampling(engine, vocab: int, samples: int, params: dict) -> dict:
     return {"sampling": {"prompt": prompt, "params": params, "outputs": outs}}
 
 
+def run_tau(
+    engine, prompt_ids: list[list[int]], batches: list[int], temperatures: list[float], new_tokens: int, algo: str
+) -> dict:
+    """Accepted tokens per verify round and tokens/s on held-out prompts (issue 15's table).
+
+    For each batch size B and temperature: every prompt once, B requests at a time (the prompt list is cycled so
+    the last group is full), ``new_tokens`` each, eos ignored (the reference engine never stops early either).
+    tau = sum(completion - 1) / sum(verify rounds): the first completion token comes from the prefill, every
+    other one from a round (bonus included), as the reference's ``tau_emitted``; tok_s = completion tokens of a
+    batch / its wall time, summed over the batches' tokens and times."""
+    mark_phase("tau")
+    rows = []
+    for temp in temperatures:
+        params = {"temperature": temp, "max_new_tokens": new_tokens, "ignore_eos": True}
+        for bs in batches:
+            generate(engine, [prompt_ids[0]] * bs, 8, params)  # warm-up of this batch size
+            groups = -(-len(prompt_ids) // bs)
+            cycled = [prompt_ids[i % len(prompt_ids)] for i in range(groups * bs)]
+            emitted, rounds, tokens, wall = 0, 0, 0, 0.0
+            for g in range(groups):
+                t0 = time.perf_counter()
+                outs = generate(engine, cycled[g * bs : (g + 1) * bs], new_tokens, params)
+                wall += time.perf_counter() - t0
+                for o in outs:
+                    completion = o["meta_info"]["completion_tokens"]
+                    tokens += completion
+                    emitted += completion - 1
+                    rounds += o["meta_info"].get("spec_verify_ct", completion - 1) if algo != "none" else completion - 1
+            rows.append(
+                {
+                    "batch": bs,
+                    "temperature": temp,
+                    "requests": len(cycled),
+                    "tau": emitted / max(rounds, 1),
+                    "rounds": rounds,
+                    "tokens": tokens,
+                    "tok_s": tokens / wall,
+                }
+            )
+    return {"tau": rows}
+
+
 def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
     rows = []
     for bs in (1, 8, 32):
@@ -147,6 +189,9 @@ def main() -> int:
     ap.add_argument("--mode", required=True, help="equality, speed, sampling, comma-separated")
     ap.add_argument("--batches", default="1,16", help="equality: batch sizes (requests at a time)")
     ap.add_argument("--samples", type=int, default=4000, help="sampling: continuations of one prompt")
+    ap.add_argument("--prompts-file", type=Path, help="tau: JSON list of {ids: [...]} (train_pair's eval_prompts)")
+    ap.add_argument("--temperatures", default="0,1", help="tau: temperatures")
+    ap.add_argument("--new-tokens", type=int, default=128, help="tau: new tokens per request")
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager target/drafter (no CUDA graphs)")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
@@ -158,7 +203,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     modes = args.mode.split(",")
-    if not modes or set(modes) - {"equality", "speed", "sampling"}:
+    if not modes or set(modes) - {"equality", "speed", "sampling", "tau"}:
         ap.error(f"--mode {args.mode!r}: use equality, speed, sampling (comma-separated)")
 
     import sglang as sgl
@@ -178,6 +223,12 @@ def main() -> int:
             body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")]))
         if "sampling" in modes:
             body.update(run_sampling(engine, vocab, args.samples, {"temperature": 1.0, "top_k": 20, "top_p": 0.9}))
+        if "tau" in modes:
+            ids = [p["ids"] for p in json.loads(args.prompts_file.read_text())]
+            temps = [float(t) for t in args.temperatures.split(",")]
+            body.update(
+                run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo)
+            )
         if "speed" in modes:
             body.update(run_speed(engine, vocab, args.algo, args.repeats))
     finally:

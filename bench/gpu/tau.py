@@ -1,0 +1,148 @@
+"""Issue 15's table: tau and tokens/s of no speculation, DFLASH and DDTREE (budgets 4, 8, 16, 32) in real SGLang, at
+batch 1, 8 and 32, greedy and temperature 1, on the trained pair of bench/gpu/train_pair.py, beside the reference
+engine's tau (and z-lab's chain tau) from that run's train_log.json.
+
+    PYTHONPATH=/tmp/site python bench/gpu/train_pair.py --out /tmp/pair          # train (same GPU run)
+    PYTHONPATH=/tmp/site python bench/gpu/tau.py --pair /tmp/pair --work /tmp/tau --result $OUT/tau.json
+
+One engine per configuration, each in its own process (bench/gpu/sglang_ddtree_run.py --mode tau); finished
+configurations are skipped when the command is repeated with the same --work (calls of the GPU host are limited).
+Writes ``{"target", "drafter", "rows": [{"method", "budget", "batch", "temperature", "tau_sglang", "tau_reference",
+"tau_zlab", "tok_s", "speedup"}]}`` and prints the table in the layout of the DDTree paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", 4), ("DDTREE", 8), ("DDTREE", 16), ("DDTREE", 32)]
+
+
+def reference_tau(log: dict, method: str, budget: int, temperature: float) -> float | None:
+    """tau_emitted of the reference engine's matching row (train_pair's eval), or None."""
+    mode = {"DFLASH": "dflash", "DDTREE": "ddtree"}.get(method)
+    for row in log.get("eval", {}).get("rows", []):
+        if (
+            row["mode"] == mode
+            and float(row["temperature"]) == temperature
+            and (method == "DFLASH" or row["budget"] == budget)
+        ):
+            return row.get("tau_emitted", row["tau"])
+    return None
+
+
+def zlab_tau(log: dict, method: str, temperature: float) -> float | None:
+    z = log.get("eval", {}).get("zlab_chain_greedy") or {}
+    if method == "DFLASH" and temperature == 0 and "tau" in z:
+        return z["tau"]
+    return None
+
+
+def table_rows(runs: dict[tuple[str, int], dict], log: dict) -> list[dict]:
+    """Rows of the result (every configuration x batch x temperature), speedup = tok_s / no speculation's."""
+    base = {(r["batch"], r["temperature"]): r["tok_s"] for r in runs.get(("none", 0), {}).get("tau", [])}
+    rows = []
+    for (method, budget), rec in runs.items():
+        for r in rec.get("tau", []):
+            ref_none = base.get((r["batch"], r["temperature"]))
+            rows.append(
+                {
+                    "method": method.lower(),
+                    "budget": budget or None,
+                    "batch": r["batch"],
+                    "temperature": r["temperature"],
+                    "tau_sglang": round(r["tau"], 4) if method != "none" else 1.0,
+                    "tau_reference": reference_tau(log, method, budget, r["temperature"]) if method != "none" else 1.0,
+                    "tau_zlab": zlab_tau(log, method, r["temperature"]),
+                    "tok_s": round(r["tok_s"], 1),
+                    "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """Paper Table 1 layout: one line per method/budget, per (temperature, batch) tau and speedup."""
+    cols = sorted({(r["temperature"], r["batch"]) for r in rows})
+    head = "| method | " + " | ".join(f"T={t} b={b}: tau / speedup" for t, b in cols) + " |"
+    lines = [head, "|---|" + "---:|" * len(cols)]
+    by = {}
+    for r in rows:
+        by.setdefault((r["method"], r["budget"]), {})[(r["temperature"], r["batch"])] = r
+    for (method, budget), cells in by.items():
+        name = method if budget is None else f"{method} {budget}"
+        vals = []
+        for c in cols:
+            r = cells.get(c)
+            vals.append("-" if r is None else f"{r['tau_sglang']:.2f} (ref {r['tau_reference']}) / {r['speedup']}x")
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pair", required=True, type=Path, help="train_pair.py output (target/, drafter/, ...)")
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--result", type=Path)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    for method, budget in CONFIGS:
+        out = args.work / f"tau-{method}-{budget}.json"
+        if not out.exists():
+            cmd = [
+                sys.executable,
+                str(HERE / "sglang_ddtree_run.py"),
+                "--models",
+                str(args.pair),
+                "--algo",
+                method,
+                "--budget",
+                str(budget or 16),
+                "--mode",
+                "tau",
+                "--prompts-file",
+                str(args.pair / "eval_prompts.json"),
+                "--batches",
+                args.batches,
+                "--temperatures",
+                args.temperatures,
+                "--new-tokens",
+                str(args.new_tokens),
+                "--out",
+                str(out),
+            ]
+            print("+", " ".join(cmd), flush=True)
+            if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
+                print(f"{method} {budget}: engine run failed", flush=True)
+                continue
+        runs[(method, budget)] = json.loads(out.read_text())
+    log_path = args.pair / "train_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else {}
+    rows = table_rows(runs, log)
+    result = {
+        "target": str(args.pair / "target"),
+        "drafter": str(args.pair / "drafter"),
+        "sglang": next(iter(runs.values()), {}).get("sglang"),
+        "new_tokens": args.new_tokens,
+        "rows": rows,
+    }
+    text = json.dumps(result, indent=1)
+    (args.work / "tau.json").write_text(text)
+    if args.result:
+        args.result.write_text(text)
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
