@@ -6,7 +6,7 @@
 #
 # STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra | lossless |
 # lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check; BUDGETS, BEFORE=1)
-# | models-flat | sampling (the temperature-1 test on a flat target) | train-pair | tau (issue 15). measure starts
+# | models-flat | sampling (the temperature-1 test on a flat target) | train-pair | tau (issue 15) | step-cost (issue 18). measure starts
 # 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
 # own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
 #   install   make the sglang-ddtree plugin visible to SGLang's entry-point discovery (pip into $SITE or the
@@ -130,6 +130,10 @@ PY
     "$PY" bench/gpu/train_pair.py --out "$OUT/pair" ;;
   tau)  # issue 15's table on the trained pair (train-pair first, in the same machine session)
     "$PY" bench/gpu/tau.py --pair "$OUT/pair" --work "$OUT/tau" --result "$OUT/tau/tau-result.json" ;;
+  step-cost)  # issue 18 on the tiny target at block 16: ms/step, launches and syncs per step (step_cost.py)
+    "$PY" -c "import sys; from sglang_ddtree.reference.tiny import make_tiny_models as m; m(sys.argv[1], aligned=True, block_size=16)" \
+      "$OUT/models16"
+    "$PY" bench/gpu/step_cost.py --models "$OUT/models16" --work "$OUT/step-cost" --label tiny --contexts "${CONTEXTS:-1024,3072}" ;;
   models-flat)  # random (non-aligned) pair: nearly flat target distributions, for the sampling test
     "$PY" -c "import sys; from sglang_ddtree.reference.tiny import make_tiny_models as m; m(sys.argv[1], block_size=8)" \
       "$OUT/models-flat" ;;

@@ -148,10 +148,42 @@ def run_tau(
     return {"tau": rows}
 
 
-def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
+def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, directory: Path) -> dict:
+    """One profiled generate per batch size (SGLang's own torch-profiler hook): launches and syncs per step."""
+    from step_cost import count_trace, read_traces
+
     rows = []
     for bs in (1, 8, 32):
-        batch = prompts(vocab, bs, 32, seed=100 + bs)
+        batch = prompts(vocab, bs, context, seed=100 + bs)
+        generate(engine, batch, 16)  # warm-up
+        out_dir = directory / f"batch{bs}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        engine.start_profile(output_dir=str(out_dir), activities=["CPU", "GPU"])
+        outs = generate(engine, batch, new_tokens)
+        engine.stop_profile()
+        steps = max(
+            o["meta_info"].get("spec_verify_ct", o["meta_info"]["completion_tokens"])
+            if algo != "none"
+            else o["meta_info"]["completion_tokens"]
+            for o in outs
+        )
+        counts = count_trace(read_traces(out_dir))
+        rows.append(
+            {
+                "batch": bs,
+                "steps": steps,
+                **counts,
+                "launches_per_step": counts["launches"] / steps,
+                "syncs_per_step": counts["syncs"] / steps,
+            }
+        )
+    return {"profile": rows}
+
+
+def run_speed(engine, vocab: int, algo: str, repeats: int, context: int = 32) -> dict:
+    rows = []
+    for bs in (1, 8, 32):
+        batch = prompts(vocab, bs, context, seed=100 + bs)
         generate(engine, batch, 16)  # warm-up (graphs, allocator)
         per_step, per_token = [], []
         for _ in range(repeats):
@@ -181,6 +213,15 @@ def run_speed(engine, vocab: int, algo: str, repeats: int) -> dict:
     return {"speed": rows}
 
 
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True, type=Path)
@@ -192,6 +233,9 @@ def main() -> int:
     ap.add_argument("--prompts-file", type=Path, help="tau: JSON list of {ids: [...]} (train_pair's eval_prompts)")
     ap.add_argument("--temperatures", default="0,1", help="tau: temperatures")
     ap.add_argument("--new-tokens", type=int, default=128, help="tau: new tokens per request")
+    ap.add_argument("--context", type=int, default=32, help="speed/profile: prompt length in tokens")
+    ap.add_argument("--profile-dir", type=Path, help="profile: where SGLang writes the traces")
+    ap.add_argument("--profile-tokens", type=int, default=64, help="profile: new tokens of the profiled generate")
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager target/drafter (no CUDA graphs)")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
@@ -203,7 +247,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     modes = args.mode.split(",")
-    if not modes or set(modes) - {"equality", "speed", "sampling", "tau"}:
+    if not modes or set(modes) - {"equality", "speed", "sampling", "tau", "profile"}:
         ap.error(f"--mode {args.mode!r}: use equality, speed, sampling (comma-separated)")
 
     import sglang as sgl
@@ -230,7 +274,9 @@ def main() -> int:
                 run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo)
             )
         if "speed" in modes:
-            body.update(run_speed(engine, vocab, args.algo, args.repeats))
+            body.update(run_speed(engine, vocab, args.algo, args.repeats, args.context))
+        if "profile" in modes:
+            body.update(run_profile(engine, vocab, args.algo, args.context, args.profile_tokens, args.profile_dir))
     finally:
         engine.shutdown()
     record = {
@@ -238,6 +284,7 @@ def main() -> int:
         "budget": args.budget if args.algo == "DDTREE" else None,
         "mode": args.mode,
         "sglang": sgl.__version__,
+        "gpu": _gpu_name(),
         "engine_start_s": start_s,
         "hybrid": is_hybrid(args.models),
         "disable_radix_cache": kwargs.get("disable_radix_cache", False),
