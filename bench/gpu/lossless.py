@@ -28,13 +28,13 @@ import argparse
 import datetime
 import json
 import math
-import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from engine_run import run_config
+
 #: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing);
 #: with the forced runner-up, budgets 4, 8 and 16 all accept depth >= 3 and non-first siblings (CPU-tested in
 #: sglang-ddtree/tests/sglang/test_instruments.py with the same pattern).
@@ -44,33 +44,12 @@ BATCHES = "1,3,16"
 
 def run_engine(args, name: str, algo: str, budget: int, modes: str, env_extra: dict[str, str]) -> Path:
     out = args.work / f"{name}.json"
-    if out.exists():
-        print(f"{name}: done earlier")
-        return out
-    env = dict(os.environ, **env_extra)
     stats = env_extra.get("SGLANG_DDTREE_TEST_STATS")
-    if stats and Path(stats).exists():
+    if not out.exists() and stats and Path(stats).exists():
         Path(stats).unlink()  # a run cut short earlier left partial stats
-    cmd = [
-        sys.executable,
-        str(HERE / "sglang_ddtree_run.py"),
-        "--models",
-        str(args.models),
-        "--algo",
-        algo,
-        "--budget",
-        str(budget),
-        "--mode",
-        modes,
-        "--batches",
-        BATCHES,
-        "--samples",
-        str(args.samples),
-        "--out",
-        str(out),
-    ]
-    print("+", " ".join(cmd), " ".join(f"{k}={v}" for k, v in env_extra.items()), flush=True)
-    subprocess.run(cmd, env=env, check=True)
+    extra = ["--batches", BATCHES, "--samples", str(args.samples)]
+    if run_config(out, args.models, algo, budget, modes, extra, env_extra) is None:
+        raise subprocess.CalledProcessError(1, name)
     return out
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from engine_run import run_config
+
 LAUNCH_NAMES = {
     "cudaLaunchKernel",
     "cudaLaunchKernelExC",
@@ -81,31 +80,12 @@ def main() -> int:
     runs = {}
     for context in [int(c) for c in args.contexts.split(",")]:
         for algo in ("none", "DFLASH", "DDTREE"):
-            out = args.work / f"cost-{algo}-{context}.json"
-            if not out.exists():
-                cmd = [
-                    sys.executable,
-                    str(HERE / "sglang_ddtree_run.py"),
-                    "--models",
-                    str(args.models),
-                    "--algo",
-                    algo,
-                    "--budget",
-                    str(args.budget),
-                    "--mode",
-                    "speed,profile",
-                    "--context",
-                    str(context),
-                    "--profile-dir",
-                    str(args.work / f"trace-{algo}-{context}"),
-                    "--out",
-                    str(out),
-                ]
-                print("+", " ".join(cmd), flush=True)
-                if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
-                    print(f"{algo} context {context}: engine run failed", flush=True)
-                    continue
-            runs[(algo, context)] = json.loads(out.read_text())
+            extra = ["--context", str(context), "--profile-dir", str(args.work / f"trace-{algo}-{context}")]
+            rec = run_config(
+                args.work / f"cost-{algo}-{context}.json", args.models, algo, args.budget, "speed,profile", extra
+            )
+            if rec is not None:
+                runs[(algo, context)] = rec
     rows = []
     for context in sorted({c for _, c in runs}):
         speed = {

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from engine_run import run_config
+
 CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", 4), ("DDTREE", 8), ("DDTREE", 16), ("DDTREE", 32)]
 
 
@@ -97,35 +96,19 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {}
     for method, budget in CONFIGS:
-        out = args.work / f"tau-{method}-{budget}.json"
-        if not out.exists():
-            cmd = [
-                sys.executable,
-                str(HERE / "sglang_ddtree_run.py"),
-                "--models",
-                str(args.pair),
-                "--algo",
-                method,
-                "--budget",
-                str(budget or 16),
-                "--mode",
-                "tau",
-                "--prompts-file",
-                str(args.pair / "eval_prompts.json"),
-                "--batches",
-                args.batches,
-                "--temperatures",
-                args.temperatures,
-                "--new-tokens",
-                str(args.new_tokens),
-                "--out",
-                str(out),
-            ]
-            print("+", " ".join(cmd), flush=True)
-            if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
-                print(f"{method} {budget}: engine run failed", flush=True)
-                continue
-        runs[(method, budget)] = json.loads(out.read_text())
+        extra = [
+            "--prompts-file",
+            str(args.pair / "eval_prompts.json"),
+            "--batches",
+            args.batches,
+            "--temperatures",
+            args.temperatures,
+            "--new-tokens",
+            str(args.new_tokens),
+        ]
+        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, budget or 16, "tau", extra)
+        if rec is not None:
+            runs[(method, budget)] = rec
     log_path = args.pair / "train_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     rows = table_rows(runs, log)

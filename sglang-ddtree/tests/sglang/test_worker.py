@@ -132,17 +132,22 @@ def _logits_following(tree, bs, m, vocab, gen):
     return logits, target
 
 
-def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
+def _round_to_accept(bs: int, vocab: int):
+    """A worker, a tree from random drafter states, its verify arrays, and target logits that often follow it."""
     worker, _ = _worker()
-    bs, vocab = 3, 40
     gen = torch.Generator().manual_seed(2)
     tree = worker._ddtree_tree_from_hidden(torch.randn(bs * 4, 16, generator=gen), bs, _lm_head(), None, vocab)
-    m = worker.ddtree_num_nodes
     arrays, _ = worker._ddtree_verify_inputs(
         tree, torch.zeros(bs, dtype=torch.long), torch.zeros(bs, dtype=torch.long), 0,
         torch.zeros((bs, 64), dtype=torch.long), torch.arange(bs),
     )
-    logits, target = _logits_following(tree, bs, m, vocab, gen)
+    logits, target = _logits_following(tree, bs, worker.ddtree_num_nodes, vocab, gen)
+    return worker, tree, arrays, logits, target
+
+
+def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
+    worker, tree, arrays, logits, target = _round_to_accept(bs := 3, vocab := 40)
+    m = worker.ddtree_num_nodes
     ref = greedy_walk(tree, target)
     got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), None)
     assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
@@ -174,16 +179,8 @@ class StandInSamplingInfo(SimpleNamespace):
 def test_accept_applies_sglangs_verify_adjustments_to_every_node():
     """logit_bias (one of the adjustments SGLang's DFLASH verify applies) forbids a token the target would pick
     at a node: DDTREE's walk must follow the adjusted logits, at every node (issue 14)."""
-    worker, _ = _worker()
-    bs, vocab = 3, 40
-    gen = torch.Generator().manual_seed(2)
-    tree = worker._ddtree_tree_from_hidden(torch.randn(bs * 4, 16, generator=gen), bs, _lm_head(), None, vocab)
+    worker, tree, arrays, logits, target = _round_to_accept(bs := 3, vocab := 40)
     m = worker.ddtree_num_nodes
-    arrays, _ = worker._ddtree_verify_inputs(
-        tree, torch.zeros(bs, dtype=torch.long), torch.zeros(bs, dtype=torch.long), 0,
-        torch.zeros((bs, 64), dtype=torch.long), torch.arange(bs),
-    )
-    logits, target = _logits_following(tree, bs, m, vocab, gen)
     unbiased = greedy_walk(tree, target)
     b = int(torch.nonzero(unbiased[1] > 0)[0])  # a request that accepts a path: bias its first accepted token away
     banned = int(tree.tokens[b, int(unbiased[0][b, 1]) - 1])
