@@ -330,3 +330,48 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
     assert vi.draft_token_num == m and vi.topk > 1
     assert torch.equal(vi.positions.view(bs, m), prefix[:, None] + tree.positions)
     assert batch.out_cache_loc.numel() == bs * m
+
+
+def _cpu_multinomial_with_seed(logprobs, seed, positions):
+    """CPU stand-in for SGLang's seeded Gumbel-max draw (its murmur hash runs only on a GPU): the same contract,
+    noise keyed by (seed, position, token id)."""
+    cols = torch.arange(logprobs.shape[1])
+    gen = torch.Generator().manual_seed(0)
+    table = torch.rand(1 << 16, generator=gen, dtype=torch.float64)  # fixed noise, indexed by a hash of the key
+    key = seed.to(torch.int64)[:, None] * 1_000_003 + positions.to(torch.int64)[:, None] * 7_919 + cols * 104_729
+    u = table[(key * 2_654_435_761) % (1 << 16)]
+    gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1 - 1e-12)))
+    return torch.argmax(logprobs.to(torch.float64) + gumbel, dim=1, keepdim=True)
+
+
+def test_seeded_sampling_draws_every_node_as_sglangs_sampler_and_walks_those_tokens(monkeypatch):
+    """sampling_seed is honoured (issue 13): each node's token is SGLang's own seeded top-k/top-p draw at the
+    node's position, so an emitted path is token for token what the same seed gives without speculation; same
+    seed, same result. SGLang's hash needs a GPU: its seeded draw is replaced by a CPU stand-in with its contract."""
+    from sglang.srt.layers import sampler
+
+    monkeypatch.setattr(sampler, "multinomial_with_seed", _cpu_multinomial_with_seed)
+    bs, vocab = 3, 40
+    worker, tree, arrays, logits, _ = _round_to_accept(bs, vocab)
+    m = worker.ddtree_num_nodes
+    logits = logits / 50.0  # a real distribution, not one-hot
+
+    def info(seed):
+        return StandInSamplingInfo(
+            bs, is_all_greedy=False, temperatures=torch.full((bs, 1), 0.9), top_ks=torch.full((bs,), 30),
+            top_ps=torch.full((bs,), 0.95), min_ps=torch.zeros(bs), need_min_p_sampling=False,
+            sampling_seed=torch.tensor([seed, seed + 1, seed + 2]),
+        )
+
+    got = worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
+    probs = torch.softmax(logits.reshape(bs * m, vocab) / 0.9, dim=-1)
+    expected = sampler.top_k_top_p_min_p_sampling_from_probs_torch(
+        probs, torch.full((bs * m,), 30), torch.full((bs * m,), 0.95), None, False,
+        torch.tensor([7, 8, 9]).repeat_interleave(m), arrays.positions,
+    ).view(bs, m).to(torch.int64)
+    ref = greedy_walk(tree, expected)
+    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    again = worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
+    assert all(torch.equal(x, y) for x, y in zip(again, got, strict=True))
+    others = [worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(s))[2] for s in range(20)]
+    assert len({tuple(o.tolist()) for o in others}) > 1  # the seed matters

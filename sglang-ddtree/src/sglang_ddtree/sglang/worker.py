@@ -234,8 +234,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 next_token_logits=next_token_logits, sampling_info=sampling_info, draft_token_num=m
             )
         logits = next_token_logits.view(bs, m, -1)
-        if sampling_info is None or getattr(sampling_info, "is_all_greedy", True):
-            target_predict = torch.argmax(logits, dim=-1)
+        greedy = sampling_info is None or getattr(sampling_info, "is_all_greedy", True)
+        seeded = not greedy and getattr(sampling_info, "sampling_seed", None) is not None
+        if greedy or seeded:
+            # seeded sampling: every node's token drawn exactly as SGLang's sampler draws it without speculation
+            # (same seed, same position), then the walk follows those tokens like the target's argmax
+            target_predict = (
+                _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m)) if seeded
+                else torch.argmax(logits, dim=-1)
+            )
             candidates = arrays.tokens.view(bs, m)
             predicts, accept_index, accept_num = verify_tree_greedy(
                 candidates, arrays.retrieve_index, arrays.retrieve_next_token, arrays.retrieve_next_sibling,
@@ -430,17 +437,46 @@ class DDTreeWorker(DFlashWorkerV2):
 
 
 def _target_probs(logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
-    """Target probabilities per node after temperature, top-k and top-p (per request), float32 [bs, M, V]."""
+    """Target probabilities per node, float32 [bs, M, V] (unnormalised where top-k/top-p/min-p cut), filtered as
+    SGLang's own sampler filters them (``top_k_top_p_min_p_sampling_from_probs_torch``): softmax of logits /
+    temperature; in descending order, ranks >= top_k dropped, and tokens whose preceding cumulative probability
+    (over the whole distribution) exceeds top_p dropped; then min_p relative to the most likely token."""
     bs = logits.shape[0]
     temps = sampling_info.temperatures.view(bs, 1, 1).float()
-    scaled = logits.float() / temps.clamp(min=1e-6)
-    vocab = scaled.shape[-1]
-    top_ks = sampling_info.top_ks.view(bs, 1, 1).to(torch.int64).clamp(min=1, max=vocab)
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    probs = torch.softmax(logits.float() / temps.clamp(min=1e-6), dim=-1)
+    vocab = probs.shape[-1]
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    cumulative = torch.cumsum(sorted_probs, dim=-1)
     ranks = torch.arange(vocab, device=logits.device).view(1, 1, vocab)
-    sorted_logits = torch.where(ranks < top_ks, sorted_logits, torch.full_like(sorted_logits, float("-inf")))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    top_ks = sampling_info.top_ks.view(bs, 1, 1).to(torch.int64).clamp(min=1, max=vocab)
     top_ps = sampling_info.top_ps.view(bs, 1, 1).float()
-    keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < top_ps
-    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    drop = (ranks >= top_ks) | ((cumulative - sorted_probs) > top_ps)
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    if getattr(sampling_info, "need_min_p_sampling", False):
+        min_ps = sampling_info.min_ps.view(bs, 1, 1).float()
+        sorted_probs = sorted_probs.masked_fill(sorted_probs < sorted_probs[..., :1] * min_ps, 0.0)
     return torch.zeros_like(sorted_probs).scatter(-1, order, sorted_probs)
+
+
+def _seeded_target_tokens(logits: torch.Tensor, sampling_info: Any, positions: torch.Tensor) -> torch.Tensor:
+    """int64 [bs, M]: the token SGLang's seeded sampler (Gumbel-max keyed by seed, position and token id) draws at
+    every node: the same draw as without speculation when the node's path is the emitted one.
+
+    ``positions`` [bs, M]: each node's position (prefix + depth), the position SGLang's sampler is given for the
+    token that follows it."""
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    bs, m, vocab = logits.shape
+    temps = sampling_info.temperatures.view(bs, 1, 1).float()
+    probs = torch.softmax(logits.float() / temps.clamp(min=1e-6), dim=-1).view(bs * m, vocab)
+    per_node = lambda t: t.view(bs, -1)[:, :1].repeat_interleave(m, dim=0).view(-1)  # noqa: E731
+    tokens = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs,
+        per_node(sampling_info.top_ks),
+        per_node(sampling_info.top_ps),
+        per_node(sampling_info.min_ps) if getattr(sampling_info, "min_ps", None) is not None else None,
+        bool(getattr(sampling_info, "need_min_p_sampling", False)),
+        per_node(sampling_info.sampling_seed),
+        positions.reshape(-1),
+    )
+    return tokens.view(bs, m).to(torch.int64)
