@@ -16,9 +16,14 @@ description:
     own help lists, the algorithms registered after SGLang's C(load_plugins) ran, the plugin entry points
     seen, whether SGLang has the plugin API, which DFLASH worker it ships, and whether the DDTree plugin
     (sglang-ddtree) is supported and registered there.
-  - The interpreter is given with O(python), or taken from a systemd unit (O(unit)) - the first word of its
-    ExecStart that is a Python interpreter (C(/opt/venv/bin/python3), C(/usr/bin/env python3) resolved on the
-    unit's PATH), or the C(#!) line of a console script such as C(/opt/venv/bin/sglang). With O(unit) the probe
+  - The interpreter is given with O(python), or taken from a systemd unit (O(unit)) as systemd runs it - the
+    ExecStart's program after any wrappers (C(env [VAR=...]), C(nice), C(ionice), C(taskset), C(numactl), C(chrt),
+    C(conda|mamba|micromamba run -n ENV|-p PREFIX), C(uv run), C(poetry run), C(pipenv run)), or the C(#!) line of
+    a console script such as C(/opt/venv/bin/sglang). A bare first word (C(python3)) is looked up in systemd's
+    fixed search path, never in the unit's C(Environment=PATH); a program that C(env), C(nice) and the like start
+    is looked up in the service's PATH; C(conda run) and friends run it in their environment. When the
+    interpreter cannot be told for sure the module fails naming the ExecStart line and the fix
+    (O(unit_python)); it never probes another interpreter than the one the unit runs. With O(unit) the probe
     runs with the unit's C(Environment=) and C(EnvironmentFile=) values, in its C(WorkingDirectory=), and as its
     C(User=) (see O(run_as_unit_user)), so it sees what the service sees (including C(SGLANG_PLUGINS)).
   - The probe imports sglang, calls C(sglang.srt.plugins.load_plugins) (SGLang 0.5.11+) while recording
@@ -53,6 +58,12 @@ options:
         interpreter is derived from ExecStart.
       - Exactly one of O(python) and O(unit) is required.
     type: str
+  unit_python:
+    description:
+      - With O(unit), the interpreter the unit's ExecStart runs, when the module cannot resolve it by itself (for
+        example C(poetry run) with a virtualenv outside the project - C(poetry env info -p)/bin/python). The
+        unit's ExecStart, environment and user are still read and used.
+    type: path
   environment:
     description:
       - Extra environment variables for the probe and the help run. They override the unit's.
@@ -220,9 +231,18 @@ help_algorithms:
 help_form:
   description:
     - C(choices) for argparse's static list (no plugin can add a name), C(free_text) for the
-      C(Builtins... or any name registered) form, null when not run or not found.
+      C(Builtins... or any name registered) form, C(unlisted) when the help has C(--speculative-algorithm) but
+      names no choices (present, choices unknown), null when the help was not run or has no such option.
   returned: always
   type: str
+help_option:
+  description:
+    - What the help says about C(--speculative-algorithm) - V(absent) (no such option), V(choices) (a static
+      list, in RV(help_algorithms)), V(free_text) (a list of builtins, names may be added), V(unknown_choices)
+      (the option is there, its help names no choices); null when the help was not run or failed.
+  returned: always
+  type: str
+  choices: [absent, choices, free_text, unknown_choices]
 help_accepts_registered:
   description: Whether the help says registered names are accepted; null when the help was not run.
   returned: always
@@ -396,6 +416,12 @@ exec_start_new:
       description: The new argv.
       type: list
       elements: str
+    server_args:
+      description:
+        - The server's own arguments of the new argv (its flags; after the program, its C(-m) module and any
+          wrappers such as C(conda run) or C(numactl)), as SGLang's parser reads them.
+      type: list
+      elements: str
     value:
       description: The new ExecStart value on one line (for C(ExecStart=)).
       type: str
@@ -425,6 +451,7 @@ from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import
 ARGUMENT_SPEC = dict(
     python=dict(type="path"),
     unit=dict(type="str"),
+    unit_python=dict(type="path"),
     environment=dict(type="dict", default={}),
     timeout=dict(type="int", default=120),
     help=dict(type="bool", default=True),
@@ -528,23 +555,21 @@ def unit_environment(module: AnsibleModule, info: dict) -> dict:
     return env
 
 
-def resolve_interpreter(parsed: dict, unit: str, env: dict) -> tuple[str, str]:
-    """(interpreter path, how it was found) from a parsed ExecStart."""
+def resolve_interpreter(parsed: dict, unit: str, env: dict, working_directory: str = "") -> tuple[str, str]:
+    """(interpreter path, how it was found) from a parsed ExecStart, found as systemd and its wrappers find it."""
+    try:
+        resolved = _sglang.resolve_exec_program(parsed, env, working_directory, _is_executable, os.path.exists)
+    except ValueError as exc:
+        raise ProbeError(
+            f"unit={unit}: cannot tell which interpreter `ExecStart={_sglang.render_argv(parsed['argv'])[:300]}` "
+            f"runs: {exc}. Fix the unit (an absolute interpreter path), or give it with unit_python=<path> "
+            "(role specdec.pivot.sglang_preflight: sglang_preflight_python)"
+        ) from exc
+    found = resolved["path"]
     path_var = env.get("PATH") or _sglang.SYSTEMD_DEFAULT_PATH
-    program = parsed["interpreter"] or parsed["program"]
-    if any(c in program for c in "$%"):
-        raise ProbeError(
-            f"unit={unit}: ExecStart's program {program!r} uses a variable or specifier the module does not "
-            "expand; pass the interpreter with python=<path> instead of unit"
-        )
-    found = program if "/" in program else _which(program, path_var)
-    if not found or not _is_executable(found):
-        raise ProbeError(
-            f"unit={unit}: ExecStart's program {program!r} is not an executable file on this host "
-            f"(PATH searched: {path_var}); fix the unit or pass python=<path> instead of unit"
-        )
-    if parsed["interpreter"]:
-        return found, "unit ExecStart"
+    via = f" via {' + '.join(resolved['wrappers'])}" if resolved["wrappers"] else ""
+    if _sglang.is_python(found):
+        return found, f"unit ExecStart{via}"
     # a console script (e.g. /opt/venv/bin/sglang): its #! line names the interpreter
     try:
         with open(found, "rb") as fh:
@@ -568,7 +593,7 @@ def resolve_interpreter(parsed: dict, unit: str, env: dict) -> tuple[str, str]:
                 return sibling, f"python beside {found}"
     raise ProbeError(
         f"unit={unit}: ExecStart runs {found}, which is not a Python interpreter and names none in its #! line; "
-        "pass the interpreter with python=<path> instead of unit"
+        "give the interpreter with unit_python=<path> (role specdec.pivot.sglang_preflight: sglang_preflight_python)"
     )
 
 
@@ -633,7 +658,7 @@ def summary_message(r: dict) -> str:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("python", "unit")],
+        mutually_exclusive=[("python", "unit"), ("python", "unit_python")],
         required_one_of=[("python", "unit")],
         supports_check_mode=True,
     )
@@ -652,7 +677,12 @@ def main() -> None:
             env = unit_environment(module, info)
             parsed = unit_exec_start(module, info)
             env.update(parsed["env_assignments"])
-            python, source = resolve_interpreter(parsed, p["unit"], env)
+            if p["unit_python"]:
+                python, source = p["unit_python"], "unit_python option"
+                if not _is_executable(python):
+                    raise ProbeError(f"unit_python={python} is not an executable file; point it at the interpreter")
+            else:
+                python, source = resolve_interpreter(parsed, p["unit"], env, info["working_directory"])
             result["unit"] = info
             result["exec_start_parsed"] = parsed
             if info["working_directory"] and info["working_directory"] != "~":
@@ -666,8 +696,10 @@ def main() -> None:
                     new_flags = _sglang.replace_speculative_flags(parsed["flags"], p["speculative_flags"])
                     new = dict(parsed, flags=new_flags, repeated=[f for f in parsed["repeated"] if f in new_flags])
                     new_argv = _sglang.exec_start_argv(new)
+                    head = _sglang.exec_start_argv({**new, "flags": {}, "trailing_args": []})
                     result["exec_start_new"] = {
                         "argv": new_argv,
+                        "server_args": new_argv[len(head) :],
                         "value": _sglang.render_exec_start(new),
                         "multiline": _sglang.render_exec_start(new, multiline=True),
                         "flags": new_flags,

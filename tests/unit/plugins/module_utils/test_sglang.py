@@ -168,7 +168,30 @@ HELP_CASES = {
     "option without a list": (
         "  --speculative-algorithm SPECULATIVE_ALGORITHM\n                        Speculative algorithm.\n",
         [],
-        None,
+        "unlisted",
+    ),
+    "free text naming examples, not a list": (
+        "  --speculative-algorithm SPECULATIVE_ALGORITHM\n      The speculative decoding algorithm, e.g. EAGLE.\n",
+        [],
+        "unlisted",
+    ),
+    "option with a short metavar and no help": (
+        "options:\n  --speculative-algorithm ALGO\n  --other X  y\n",
+        [],
+        "unlisted",
+    ),
+    "option with = and no help": ("options:\n  --speculative-algorithm=NAME\n", [], "unlisted"),
+    "option only in the usage line": ("usage: x [--speculative-algorithm SPECULATIVE_ALGORITHM]\n", [], "unlisted"),
+    "option with an alias first": (
+        "  --spec-algo, --speculative-algorithm SPECULATIVE_ALGORITHM\n      Which algorithm; see the docs.\n",
+        [],
+        "unlisted",
+    ),
+    "option help wrapped over lines without names": (
+        "  --speculative-algorithm SPECULATIVE_ALGORITHM\n                        Speculative algorithm (registered\n"
+        "                        by plugins at start-up).\n  --speculative-draft-model-path P\n",
+        [],
+        "unlisted",
     ),
     "option missing (very old sglang)": ("usage: x [--model-path MODEL_PATH]\n", [], None),
     "empty": ("", [], None),
@@ -181,6 +204,17 @@ def test_help_variants(case):
     got = s.parse_help_algorithms(text)
     assert (got["algorithms"], got["form"]) == (algorithms, form)
     assert got["option_present"] == ("--speculative-algorithm" in text.replace("\x1b[36m", "").replace("\x1b[0m", ""))
+
+
+@pytest.mark.parametrize("case", HELP_CASES)
+def test_help_option_is_absent_only_when_the_help_has_no_such_option(case):
+    """Free text with no {...} choices is "present, choices unknown", never "absent" (issue 16, point 4)."""
+    text, _algorithms, form = HELP_CASES[case]
+    expected = {"choices": "choices", "free_text": "free_text", "unlisted": "unknown_choices", None: "absent"}[form]
+    assert s.help_option(s.parse_help_algorithms(text)) == expected
+    caps = s.summarize_capabilities({"sglang": {"installed": True, "version": "0.5.17"}}, s.parse_help_algorithms(text))
+    assert caps["help_option"] == expected
+    assert (caps["help_option"] == "absent") is ("--speculative-algorithm" not in text)
 
 
 # ------------------------------------------------------------------------------------------------------ systemctl show

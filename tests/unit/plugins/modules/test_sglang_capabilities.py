@@ -327,6 +327,7 @@ def test_exec_start_new(unit_nextn):
         "--speculative-num-draft-tokens", "17",
     ]  # fmt: skip
     assert new["value"] == " ".join(new["argv"])
+    assert new["server_args"] == new["argv"][3:]  # what SGLang's own parser is given (after python -m X)
     assert new["multiline"].splitlines()[0] == f"{PY_023} -m sglang.launch_server \\"
     assert "    --speculative-algorithm DDTREE \\" in new["multiline"].splitlines()
 
@@ -376,7 +377,8 @@ def test_unit_whose_program_is_not_python(tmp_path):
     assert r["failed"] is True
     assert r["msg"] == (
         "unit=sglang-twice.service: ExecStart runs /usr/bin/true, which is not a Python interpreter and names none "
-        "in its #! line; pass the interpreter with python=<path> instead of unit"
+        "in its #! line; give the interpreter with unit_python=<path> (role specdec.pivot.sglang_preflight: "
+        "sglang_preflight_python)"
     )
     assert any("has 2 ExecStart commands; only the first one is used" in w for w in warnings(r))
 
@@ -480,3 +482,15 @@ def test_documentation_matches_the_argument_spec():
     for name, opt in mod.ARGUMENT_SPEC.items():
         assert doc["options"][name]["type"] == opt["type"], name
         assert doc["options"][name].get("default") == opt.get("default"), name
+
+
+def test_unit_python_overrides_the_resolution_and_keeps_the_unit(tmp_path):
+    """Issue 16, point 2: where the module cannot resolve a wrapper (poetry run with an outside virtualenv), the
+    interpreter is given with unit_python; the unit's ExecStart is still read and rewritten."""
+    r = run_module(tmp_path, {"unit": "sglang-nextn.service", "unit_python": str(PY_017), "help": False})
+    assert not r.get("failed"), r
+    assert r["python"]["requested"] == str(PY_017) and r["python"]["source"] == "unit_python option"
+    assert r["sglang"]["version"] == "0.5.17"
+    assert r["exec_start_parsed"]["module"] == "sglang.launch_server"
+    missing = run_module(tmp_path / "m", {"unit": "sglang-nextn.service", "unit_python": "/no/such/python"})
+    assert missing["failed"] and "unit_python=/no/such/python is not an executable file" in missing["msg"]
