@@ -20,6 +20,12 @@ The estimate follows SGLang's static memory split (``--mem-fraction-static``, SG
   layers are counted as full, an upper bound) of the target plus every layer of the drafter (DFLASH keeps
   its own draft KV pool of the same token capacity).
 * ``fits`` when ``kv_tokens_fit >= context_length`` (room for at least one request of full length).
+* TP > 1 (SGLang 0.5.17/0.5.23 ``distributed/bootstrap.py``: ``measure_pre_model_load_memory`` and
+  ``_check_tp_memory_balance``): every rank measures its free memory, the group takes the MINIMUM over the ranks
+  (``pre_model_load_memory``) and sizes every rank's static budget from it; a rank whose own free memory is more
+  than 1/0.9 of that minimum makes SGLang refuse to start ("The memory capacity is unbalanced"), unless the
+  unit sets ``SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false`` (then it only warns). A foreign process on one GPU
+  of the group therefore stops the server even when the budget would still hold the model.
 
 It is an ESTIMATE: norms and (when ``tp_size`` > KV heads) K/V projections are replicated rather than
 sharded, SGLang versions differ in details, and CUDA graphs, NCCL buffers and the allocator can take more
@@ -390,6 +396,7 @@ def plan_fit(
     mamba_full_memory_ratio: float | None = None,
     speculative_num_draft_tokens: int | None = None,
     assume_freed_pids: list[int] | None = None,
+    tp_memory_balance_check: bool = True,
 ) -> dict:
     """The fit estimate for ``gpus`` (the selected GPUs, one per TP rank). See the module docstring."""
     validate_options(
@@ -446,12 +453,18 @@ def plan_fit(
         draft_tokens = dcfg.get("block_size") or d["tc"].get("block_size")
     spec_tokens = int(draft_tokens or 0)
 
-    per_gpu = []
+    measured = []
     for gpu in gpus:
         total_b = int(gpu["memory_total_mib"] or 0) * MIB
         free_b = int(gpu["memory_free_mib"] or 0) * MIB
         released = sum((p.get("used_mib") or 0) for p in gpu.get("compute_processes", []) if p.get("pid") in freed)
         available = min(free_b + released * MIB, total_b) if total_b else free_b + released * MIB
+        measured.append((gpu, total_b, free_b, available))
+    balance = tp_balance([(g["index"], a) for g, _t, _f, a in measured], tp_size, tp_memory_balance_check)
+    per_gpu = []
+    for gpu, total_b, free_b, own_available in measured:
+        # SGLang sizes every rank from the group's minimum free memory (pre_model_load_memory)
+        available = balance["min_available_bytes"] if tp_size > 1 else own_available
         per_gpu.append(
             _gpu_fit(
                 gpu,
@@ -473,6 +486,11 @@ def plan_fit(
     kv_tokens_fit = tightest["kv_tokens"]
     fits = kv_tokens_fit >= context_length and all(g["state_ok"] for g in per_gpu)
     reason = _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size)
+    if not balance["ok"]:
+        fits = False
+        reason = _balance_reason(balance, measured, freed, tp_size) + (
+            "" if reason.startswith("fits") else " | also " + reason
+        )
 
     return {
         "weights_bytes_total": t["weights_total"],
@@ -501,11 +519,65 @@ def plan_fit(
         "per_gpu": [{k: v for k, v in g.items() if k not in ("state_ok", "gpu")} for g in per_gpu],
         "tp_size": tp_size,
         "mem_fraction": mem_fraction,
+        "tp_memory_balance": balance,
         "fits": fits,
         "reason": reason,
         "notes": notes,
         "estimate": True,
     }
+
+
+#: SGLang's _check_tp_memory_balance: the group's minimum free memory must be >= this x a rank's own.
+TP_BALANCE_RATIO = 0.9
+
+
+def tp_balance(available: list[tuple[int, int]], tp_size: int, enabled: bool = True) -> dict:
+    """SGLang's TP memory-balance check over ``[(gpu index, available bytes)]`` of one TP group.
+
+    ``ok`` is False when the check is enabled, ``tp_size > 1`` and the smallest available memory is below
+    :data:`TP_BALANCE_RATIO` x the largest (the rank with the most free memory raises). With the check disabled
+    (``SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false``) SGLang only warns: ``ok`` stays True, ``warning`` says so.
+    """
+    values = [a for _i, a in available] or [0]
+    lo, hi = min(values), max(values)
+    threshold = int(TP_BALANCE_RATIO * hi)
+    unbalanced = tp_size > 1 and lo < threshold
+    return {
+        "checked": tp_size > 1,
+        "enabled": bool(enabled),
+        "ok": not (unbalanced and enabled),
+        "unbalanced": unbalanced,
+        "min_available_bytes": lo,
+        "max_available_bytes": hi,
+        "threshold_bytes": threshold,
+        "min_gpu": next((i for i, a in available if a == lo), None),
+        "max_gpu": next((i for i, a in available if a == hi), None),
+        "warning": (
+            "the TP group's free memory is unbalanced; SGLang's balance check is off, so it only warns and sizes "
+            f"every rank from the smallest ({_gib(lo)})"
+        )
+        if unbalanced and not enabled
+        else None,
+    }
+
+
+def _balance_reason(balance: dict, measured: list, freed: set, tp_size: int) -> str:
+    lo_gpu = balance["min_gpu"]
+    short = [g for g, t, _f, a in measured if a < balance["threshold_bytes"]]
+    held = "; ".join(
+        f"GPU {g['index']}: {_gib(t - a)} of {_gib(t)} in use, {_holders(g, freed)}"
+        for g, t, _f, a in measured
+        if g in short
+    )
+    return (
+        f"does not fit (SGLang's start-up rules): at tp_size {tp_size} SGLang refuses to start - its TP "
+        f"memory-balance check needs every GPU of the group to have at least {TP_BALANCE_RATIO} x the free memory "
+        f"of the freest one, but GPU {lo_gpu} has {_gib(balance['min_available_bytes'])} available and GPU "
+        f"{balance['max_gpu']} {_gib(balance['max_available_bytes'])} (needs >= {_gib(balance['threshold_bytes'])}); "
+        f"{held}. Stop those processes, serve on other GPUs (CUDA_VISIBLE_DEVICES / --base-gpu-id), or set "
+        "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false in the unit (SGLang then only warns and sizes every rank "
+        "from the smallest)"
+    )
 
 
 def _state_reservation(

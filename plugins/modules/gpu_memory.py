@@ -144,6 +144,14 @@ options:
         type: list
         elements: int
         default: []
+      tp_memory_balance_check:
+        description:
+          - SGLang's TP memory-balance check at start-up (C(SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK), on by
+            default) - with O(fit.tp_size) > 1 SGLang refuses to start when the smallest free memory of the TP
+            group is below 0.9 x the largest, and sizes every rank from the smallest. V(false) when the unit sets
+            C(SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false) (SGLang then only warns).
+        type: bool
+        default: true
   fail_on_no_fit:
     description:
       - Fail the task when RV(fit.fits) is false. Default C(false) - the module reports and the caller decides.
@@ -283,6 +291,12 @@ fit:
   returned: when O(fit) is given
   type: dict
   contains:
+    tp_memory_balance:
+      description:
+        - SGLang's TP memory-balance check - C(checked) (tp_size > 1), C(enabled), C(ok), C(unbalanced),
+          C(min_available_bytes), C(max_available_bytes), C(threshold_bytes) (0.9 x the largest), C(min_gpu),
+          C(max_gpu), C(warning) (set when unbalanced with the check off).
+      type: dict
     fits:
       description: Whether C(kv_tokens_fit >= context_length) on every selected GPU (and hybrid models have room
         for the state of one request).
@@ -396,6 +410,7 @@ FIT_SPEC = dict(
     max_mamba_cache_size=dict(type="int"),
     mamba_full_memory_ratio=dict(type="float", default=_model_fit.DEFAULT_MAMBA_FULL_MEMORY_RATIO),
     assume_freed_pids=dict(type="list", elements="int", default=[]),
+    tp_memory_balance_check=dict(type="bool", default=True),
 )
 
 ARGUMENT_SPEC = dict(
@@ -474,6 +489,7 @@ def main() -> None:
                 mamba_full_memory_ratio=fit["mamba_full_memory_ratio"],
                 speculative_num_draft_tokens=fit["speculative_num_draft_tokens"],
                 assume_freed_pids=fit["assume_freed_pids"],
+                tp_memory_balance_check=fit["tp_memory_balance_check"],
             )
         except _model_fit.FitInputError as err:
             module.fail_json(msg=f"fit.{err}", option=f"fit.{err.option}", **result)

@@ -514,11 +514,92 @@ def test_reason_names_the_recorded_holder_on_the_busy_gpu(target8b):
 
 
 def test_tightest_gpu_decides(target8b):
+    """SGLang sizes every rank of a TP group from the group's smallest free memory (pre_model_load_memory)."""
     busy0 = occupied_gpu(IDLE2[0], 99, 40 * 1024)
-    fit = mf.plan_fit(target8b, None, [busy0, IDLE2[1]], tp_size=2, mem_fraction=0.85, context_length=1024)
+    fit = mf.plan_fit(
+        target8b,
+        None,
+        [busy0, IDLE2[1]],
+        tp_size=2,
+        mem_fraction=0.85,
+        context_length=1024,
+        tp_memory_balance_check=False,
+    )
     tokens = [g["kv_tokens"] for g in fit["per_gpu"]]
-    assert tokens[0] < tokens[1]
-    assert fit["kv_tokens_fit"] == tokens[0]
+    assert tokens[0] == tokens[1] == fit["kv_tokens_fit"]
+    assert fit["budget_bytes_per_gpu"] == [math.floor(0.85 * avail(busy0))] * 2
+    assert fit["fits"] is True and "only warns" in fit["tp_memory_balance"]["warning"]
+
+
+# ------------------------------------------------------------------------ SGLang's TP memory-balance check
+# Recorded H200 pair (h200x2/idle), with a foreign process added on one GPU (the shape nvidia-smi reports).
+
+
+@pytest.mark.parametrize(
+    ("foreign_mib", "on_gpu", "tp_size", "freed", "check", "ok"),
+    [
+        (40 * 1024, 1, 2, [], True, False),  # the issue's case: SGLang refuses to start
+        (40 * 1024, 0, 2, [], True, False),  # on either GPU of the group
+        (13 * 1024, 1, 2, [], True, True),  # 126.8 GiB >= 0.9 x 139.8 GiB = 125.8 GiB: within SGLang's 10 %
+        (15 * 1024, 1, 2, [], True, False),  # 124.8 GiB < 125.8 GiB: just outside
+        (40 * 1024, 1, 2, [4242], True, True),  # the holder is stopped before the server starts (old server)
+        (40 * 1024, 1, 2, [], False, True),  # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false: SGLang only warns
+        (40 * 1024, 0, 1, [], True, True),  # tp_size 1: no balance check
+    ],
+)
+def test_tp_memory_balance_as_sglang_checks_it(target8b, foreign_mib, on_gpu, tp_size, freed, check, ok):
+    gpus = [occupied_gpu(g, 4242, foreign_mib) if g["index"] == on_gpu else g for g in IDLE2][:tp_size]
+    if tp_size == 1:
+        gpus = [occupied_gpu(IDLE2[0], 4242, foreign_mib)]
+    fit = mf.plan_fit(
+        target8b,
+        None,
+        gpus,
+        tp_size=tp_size,
+        mem_fraction=0.85,
+        context_length=4096,
+        assume_freed_pids=freed,
+        tp_memory_balance_check=check,
+    )
+    balance = fit["tp_memory_balance"]
+    assert balance["ok"] is ok and fit["fits"] is ok, fit["reason"]
+    assert balance["checked"] is (tp_size > 1)
+    if not ok:
+        assert fit["reason"].startswith("does not fit (SGLang's start-up rules)")
+        assert f"GPU {on_gpu} has" in fit["reason"] and "memory-balance check" in fit["reason"]
+        assert "pid 4242 (/opt/train/bin/python, " in fit["reason"]
+        assert "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false" in fit["reason"]
+
+
+def test_the_model_would_fit_by_budget_yet_sglang_refuses_to_start(target8b):
+    """Issue 16, point 3: 40 GB foreign on GPU 1 at TP 2 - the budget holds the model, the balance check does not."""
+    gpus = [IDLE2[0], occupied_gpu(IDLE2[1], 4242, 40 * 1024)]
+    off = mf.plan_fit(
+        target8b, None, gpus, tp_size=2, mem_fraction=0.85, context_length=32768, tp_memory_balance_check=False
+    )
+    assert off["kv_tokens_fit"] >= 32768  # the memory alone is enough
+    on = mf.plan_fit(target8b, None, gpus, tp_size=2, mem_fraction=0.85, context_length=32768)
+    assert on["fits"] is False and "refuses to start" in on["reason"]
+
+
+@pytest.mark.parametrize(
+    ("available", "tp_size", "ok"),
+    [
+        ([100, 100], 2, True),
+        ([90, 100], 2, True),
+        ([89, 100], 2, False),
+        ([100, 89], 2, False),
+        ([100, 100, 100, 80], 4, False),
+        ([100, 95, 92, 91], 4, True),
+        ([10], 1, True),
+        ([0, 100], 2, False),
+    ],
+)
+def test_tp_balance_table(available, tp_size, ok):
+    got = mf.tp_balance(list(enumerate(available)), tp_size)
+    assert got["ok"] is ok and got["unbalanced"] is (not ok)
+    assert got["min_available_bytes"] == min(available) and got["threshold_bytes"] == int(0.9 * max(available))
+    assert mf.tp_balance(list(enumerate(available)), tp_size, enabled=False)["ok"] is True
 
 
 def test_plan_fit_checks_its_inputs(target8b):

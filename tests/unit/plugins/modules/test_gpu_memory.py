@@ -6,6 +6,7 @@ real pynvml first."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,54 @@ def test_reason_names_the_holder_and_assume_freed_pids_lets_it_fit(run_module):
         {"fit": {**fit_args, "context_length": context, "assume_freed_pids": [p["pid"] for p in holders]}}
     )
     assert freed["fit"]["fits"] is True
+
+
+def foreign_on_gpu1(tmp_path: Path, mib: int, pid: int = 4242) -> Path:
+    """The recorded idle H200 pair with one foreign compute process holding ``mib`` MiB on GPU 1, written in the
+    shapes nvidia-smi printed (the query-gpu and query-compute-apps lines of the recording, edited)."""
+    src = SMI / "h200x2" / "idle"
+    dest = tmp_path / "foreign"
+    shutil.copytree(src, dest)
+    lines = (dest / "query-gpu.out").read_text().splitlines()
+    out = []
+    uuid1 = None
+    for line in lines:
+        fields = [f.strip() for f in line.split(",")]
+        if not line.startswith("#fixture:") and fields[0] == "1":
+            uuid1 = fields[1]
+            fields[4] = str(int(fields[4]) + mib)
+            fields[5] = str(int(fields[5]) - mib)
+            line = ", ".join(fields)
+        out.append(line)
+    (dest / "query-gpu.out").write_text("\n".join(out) + "\n")
+    with open(dest / "query-compute-apps.out", "a", encoding="utf-8") as fh:
+        fh.write(f"{uuid1}, {pid}, /opt/other/bin/python, {mib}\n")
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("env_check", "fits"),
+    [(None, False), (False, True)],
+    ids=["balance-check-on", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false"],
+)
+def test_tp2_with_a_foreign_40gb_process_on_gpu1_does_not_fit_as_sglang_decides(run_module, tmp_path, env_check, fits):
+    """Issue 16, point 3: the memory budget holds the model, but SGLang's TP memory-balance check refuses to start."""
+    recording = foreign_on_gpu1(tmp_path, 40 * 1024)
+    fit = {
+        "target_model_path": str(MODELS / "qwen3-8b"),
+        "tp_size": 2,
+        "mem_fraction": 0.85,
+        "context_length": 32768,
+    }
+    if env_check is not None:
+        fit["tp_memory_balance_check"] = env_check
+    result = run_module({"fit": fit}, recording=recording)
+    got = result["fit"]
+    assert got["fits"] is fits, got["reason"]
+    assert got["tp_memory_balance"]["unbalanced"] is True
+    assert got["kv_tokens_fit"] >= 32768  # the budget alone would hold it
+    if not fits:
+        assert "SGLang refuses to start" in got["reason"] and "GPU 1 has" in got["reason"]
+        assert "pid 4242 (/opt/other/bin/python, 40960 MiB)" in got["reason"]
+    else:
+        assert "only warns" in got["tp_memory_balance"]["warning"]
