@@ -3,6 +3,7 @@
 # the label specdec.lab=pivot). Usage: lab/down.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lab/lab.env
 . lab/lab.env
 docker info >/dev/null 2>&1 || { echo "down.sh: no docker engine answers; nothing to remove"; exit 0; }
 for name in "$LAB_TRAINING" "$LAB_INFERENCE"; do

@@ -4,6 +4,7 @@
 # Usage: lab/run-pivot.sh [extra ansible-playbook args, e.g. --check --diff]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lab/lab.env
 . lab/lab.env
 lab_lock
 bash lab/setup-docker.sh

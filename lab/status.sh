@@ -2,7 +2,8 @@
 # Prints the lab's state for humans: containers, the training job on ct200 (launcher, workers, last step line),
 # sglang.service on pro6000 (state, ExecStart one flag per line, installed plugin) and /health from this host.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=lab/lab.env
 . lab/lab.env
 docker info >/dev/null 2>&1 || { echo "no docker engine answers (lab/setup-docker.sh starts one)"; exit 1; }
 for name in "$LAB_TRAINING" "$LAB_INFERENCE"; do

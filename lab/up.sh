@@ -9,6 +9,7 @@
 # A container made from an older image is recreated. Run lab/setup-docker.sh first (make setup does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lab/lab.env
 . lab/lab.env
 reset=0 provision=1 extra=()
 while [ $# -gt 0 ]; do

@@ -49,7 +49,8 @@ SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/i
 stage "pivot fault scenarios, interrupted runs, rollback (lab)"
 SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 
-for scenario in $(ls molecule 2>/dev/null); do
+for dir in molecule/*/; do
+  scenario=$(basename "$dir")
   [ -f "molecule/$scenario/molecule.yml" ] || continue
   stage "molecule test -s $scenario"
   molecule test -s "$scenario"
