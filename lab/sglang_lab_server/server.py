@@ -353,9 +353,30 @@ class Handler(BaseHTTPRequestHandler):
         self._error(503, "the model is still loading")
         return True
 
+    def _denied(self, path: str) -> bool:
+        """SGLang's own API-key rule (sglang.srt.utils.auth.decide_request_auth): /health, /ready, /metrics are
+        open; /generate needs --api-key; /get_server_info (ADMIN_OPTIONAL) the admin key when set, else --api-key."""
+        args = self.server.args
+        api_key, admin_key = getattr(args, "api_key", None), getattr(args, "admin_api_key", None)
+        if not api_key and not admin_key:
+            return False
+        from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+        level = AuthLevel.ADMIN_OPTIONAL if path in ("/get_server_info", "/server_info") else AuthLevel.NORMAL
+        decision = decide_request_auth(method=self.command, path=path,
+                                       authorization_header=self.headers.get("Authorization"),
+                                       api_key=api_key, admin_api_key=admin_key, auth_level=level)
+        if decision.allowed:
+            return False
+        status = getattr(decision, "error_status_code", None) or 401
+        self._send(status, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         srv = self.server
+        if self._denied(path):
+            return
         if path == "/health":
             if not self._not_ready():
                 self._send(200, b"", "text/plain")
@@ -378,6 +399,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        if self._denied(path):
+            return
         if path != "/generate":
             self._error(404, f"no route {path}")
             return

@@ -1,5 +1,6 @@
-# Copyright: specdec.pivot maintainers
-# Apache License 2.0 (see galaxy.yml)
+# Copyright: specdec.pivot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Filters the pivot roles use to turn recorded facts into a plan (pure: data in, data out).
 
 - ``systemd_unit_parse``: a unit file's text -> ordered sections and entries (so a role can re-render the SAME
@@ -310,9 +311,7 @@ def generation_compare(
     if after is not None and not isinstance(after, Mapping):
         raise AnsibleFilterError(f"generation_compare expects the probe results as dicts, got {type(after).__name__}")
     if before is not None and not isinstance(before, Mapping):
-        raise AnsibleFilterError(
-            f"generation_compare expects the probe results as dicts, got {type(before).__name__}"
-        )
+        raise AnsibleFilterError(f"generation_compare expects the probe results as dicts, got {type(before).__name__}")
     try:
         min_speedup_f = float(min_speedup or 0)
         max_dis = int(-1 if max_disagreements is None or max_disagreements == "" else max_disagreements)
@@ -370,9 +369,7 @@ def generation_compare(
             )
     if max_dis >= 0:
         if not b_ok:
-            failures.append(
-                f"at most {max_dis} disagreeing prompts allowed, but there is no baseline to compare with"
-            )
+            failures.append(f"at most {max_dis} disagreeing prompts allowed, but there is no baseline to compare with")
         elif len(per_prompt) - agreeing > max_dis:
             worst = [p for p in per_prompt if not p["agree"]]
             failures.append(
@@ -455,6 +452,173 @@ def pip_freeze_find(text: str, name: str) -> dict[str, Any]:
     return {"present": False, "version": None, "url": None, "line": None}
 
 
+# --------------------------------------------------------------------------------------------------------------
+# secrets in a unit: API keys on the command line, tokens in the environment
+
+#: SGLang flags whose value is a secret.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+#: Environment variable names that hold secrets (matched case-insensitively as a whole word part).
+_SECRET_ENV_RE = re.compile(r"(?:^|_)(?:TOKEN|API_?KEY|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH)(?:_|$)", re.I)
+MASK = "***"
+
+
+def _env_file_values(texts: Sequence[str] | None) -> dict[str, str]:
+    """KEY=VALUE lines of systemd EnvironmentFile= texts (comments, ``export``, quotes handled)."""
+    env: dict[str, str] = {}
+    for text in texts or []:
+        for raw in str(text).splitlines():
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")) or "=" not in line:
+                continue
+            key, value = line.split("=", 1)
+            key = key.strip()
+            if key.startswith("export "):
+                key = key[len("export ") :].strip()
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            env[key] = value
+    return env
+
+
+_VAR_RE = re.compile(r"^\$(?:\{(\w+)\}|(\w+))$")
+
+
+def pivot_secrets(
+    argv: Sequence[str] | None,
+    environment: Mapping[str, Any] | None = None,
+    env_files: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The secrets a unit carries: ``{"api_key", "admin_api_key", "secret_values", "names"}``.
+
+    ``api_key``/``admin_api_key``: the last value of ``--api-key``/``--admin-api-key`` (``--flag v`` or
+    ``--flag=v``) in ``argv``, else None. ``secret_values``: every secret value (those, and the values of environment
+    variables whose names say they are secrets: ``HF_TOKEN``, ``OPENAI_API_KEY``, ``*_SECRET``, ``*_PASSWORD``),
+    longest first, for :func:`pivot_mask`; ``names``: where each came from (flag or variable name), never a value.
+    """
+    words = [str(w) for w in (argv or [])]
+    env = {str(k): "" if v is None else str(v) for k, v in (environment or {}).items()}
+    env.update(_env_file_values(env_files))  # systemd: EnvironmentFile= overrides Environment=
+    found: dict[str, str] = {}
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in SECRET_FLAGS:
+            if eq:
+                found[name] = value
+            elif i + 1 < len(words):
+                found[name] = words[i + 1]
+    for name, value in list(found.items()):  # --api-key ${API_KEY}: systemd substitutes it from the environment
+        m = _VAR_RE.match(value)
+        if m:
+            found[name] = env.get(m.group(1) or m.group(2), "")
+    env_found = {k: v for k, v in env.items() if _SECRET_ENV_RE.search(k) and v != ""}
+    values = sorted({v for v in [*found.values(), *env_found.values()] if v}, key=lambda v: (-len(v), v))
+    return {
+        "api_key": found.get("--api-key") or None,
+        "admin_api_key": found.get("--admin-api-key") or None,
+        "secret_values": values,
+        "names": sorted(found) + sorted(env_found),
+    }
+
+
+def pivot_mask(data: Any, secrets: Any) -> Any:
+    """``data`` (str, list, dict, nested) with every secret value replaced by ``***``.
+
+    ``secrets``: a list of values, or :func:`pivot_secrets` output (its ``secret_values``). Values shorter than 4
+    characters are masked only where they are a whole word (a key ``ab`` does not blank every ``ab``).
+    """
+    values = secrets.get("secret_values", []) if isinstance(secrets, Mapping) else list(secrets or [])
+    values = sorted({str(v) for v in values if v not in (None, "")}, key=len, reverse=True)
+    if not values:
+        return data
+
+    def mask_str(text: str) -> str:
+        for value in values:
+            if len(value) >= 4:
+                text = text.replace(value, MASK)
+            else:
+                text = re.sub(r"(?<![\w-])" + re.escape(value) + r"(?![\w-])", MASK, text)
+        return text
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return mask_str(item)
+        if isinstance(item, Mapping):
+            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(data)
+
+
+def pivot_listen_warning(host: Any, api_key: Any) -> str | None:
+    """A warning when the server listens beyond loopback without an API key, else None."""
+    h = str(host or "127.0.0.1").strip("[]")
+    loopback = h in ("localhost", "::1") or h.startswith("127.")
+    if loopback or api_key:
+        return None
+    return (
+        f"the server listens on {h} (not loopback) without --api-key: anyone who can reach it can use it; "
+        "add --api-key (and keep the key in an EnvironmentFile= readable only by root) or bind --host 127.0.0.1"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# human units for the report
+
+
+def pivot_duration(seconds: Any) -> str:
+    """``62.5`` -> ``1 min 2.5 s``; ``0.42`` -> ``0.42 s``; ``3725`` -> ``1 h 2 min 5 s``; None -> ``n/a``."""
+    value = _num(seconds)
+    if value is None:
+        return "n/a"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value < 60:
+        text = f"{value:.2f}".rstrip("0").rstrip(".") if value < 10 else f"{value:.1f}".rstrip("0").rstrip(".")
+        return f"{sign}{text} s"
+    if value >= 3600:
+        total = round(value)
+        hours, rest = divmod(total, 3600)
+        return f"{sign}{hours} h {rest // 60} min {rest % 60} s"
+    value = round(value, 1)
+    minutes = int(value // 60)
+    secs = f"{value - 60 * minutes:.1f}".rstrip("0").rstrip(".")
+    return f"{sign}{minutes} min {secs} s"
+
+
+def pivot_si(value: Any, unit: str = "") -> str:
+    """``19500`` -> ``19.5K``; ``1234567`` -> ``1.23M``; ``812.4`` -> ``812``; with ``unit`` appended after a space;
+    None -> ``n/a``."""
+    number = _num(value)
+    if number is None:
+        return "n/a"
+    text, suffix = (f"{number:.3g}" if abs(number) < 100 else f"{number:.0f}"), ""
+    for size, name in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(number) >= size:
+            text, suffix = f"{number / size:.3g}", name
+            break
+    return f"{text}{suffix}" + (f" {unit}" if unit else "")
+
+
+def pivot_seconds_between(start: Any, end: Any) -> float | None:
+    """Seconds from one ISO 8601 time to another (``...Z`` or with an offset); None when either is missing."""
+    import datetime
+
+    def parse(text: Any):
+        if not text:
+            return None
+        try:
+            value = datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+
+    a, b = parse(start), parse(end)
+    return None if a is None or b is None else round((b - a).total_seconds(), 3)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -465,4 +629,10 @@ class FilterModule:
             "sglang_flag": sglang_flag,
             "generation_compare": generation_compare,
             "pip_freeze_find": pip_freeze_find,
+            "pivot_secrets": pivot_secrets,
+            "pivot_mask": pivot_mask,
+            "pivot_listen_warning": pivot_listen_warning,
+            "pivot_duration": pivot_duration,
+            "pivot_si": pivot_si,
+            "pivot_seconds_between": pivot_seconds_between,
         }

@@ -386,6 +386,13 @@ late_pids:
   returned: always
   type: list
   elements: int
+signal_denied:
+  description:
+    - With O(state=present), the pids of the run this task's user may not signal (C(kill(pid, 0)) answers EPERM;
+      no signal is sent), so a later O(state=absent) would fail. Empty with O(state=absent).
+  returned: always
+  type: list
+  elements: int
 escalated:
   description: Whether C(SIGKILL) had to be sent after O(kill_after) seconds.
   returned: always
@@ -929,6 +936,11 @@ def main() -> None:
     elif params["wait_gpu_release"]:
         gpu["skipped_reason"] = "nothing was halted" if params["state"] == "absent" else "state=present"
     result["gpu"] = gpu
+    # Whether this process may signal every member (kill(pid, 0); no signal is sent): preflight proves the halt
+    # can be done before anything changes anywhere.
+    result["signal_denied"] = (
+        [d.pid for d in _procs.probe_permission(tree.members)] if params["state"] == "present" else []
+    )
 
     if params["log_path"]:
         result["log"] = read_log(module, regexes)

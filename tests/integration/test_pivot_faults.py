@@ -9,6 +9,8 @@ tests run in file order and each states what it starts from.
 |---|---|
 | ``--check --diff``: the plan is shown, no host changes | test_check_diff_shows_the_plan_and_changes_nothing |
 | bad variables: budget 0 / 64, missing drafter, unknown unit, a flag SGLang refuses | test_bad_variables_... |
+| no root (no become): preflight proves the play may not halt, write, install, restart; nothing changed |
+  test_without_root_preflight_fails_and_nothing_changes |
 | GPU fit fails in preflight: nothing changed on any host | test_gpu_fit_failure_changes_nothing |
 | training restarted by a supervisor: clear failure; disabled when asked | test_supervisor_... |
 | pagers, editors, grep, watch, ssh, python -c naming the script beside the run: never signalled, --check lists
@@ -32,6 +34,7 @@ The tests build on each other's lab state: run the whole file (``-k`` on one tes
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -109,6 +112,9 @@ def assert_rolled_back(run: lk.Run, reason: str) -> dict:
     assert svc["rollback"]["restored_from"].startswith(f"{lk.STATE_DIR}/units/{lk.UNIT}.")
     assert report["summary"]["rolled_back"] == [lk.INFERENCE]
     assert f"the pivot failed: {lk.INFERENCE}: sglang_service: switching {lk.UNIT}" in run.out
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "> Next steps: the old server serves again" in md and "playbooks/rollback.yml" in md
+    assert "| took |" in md
     assert_nextn_serving()
     return report
 
@@ -124,6 +130,12 @@ def test_check_diff_shows_the_plan_and_changes_nothing(lab, tmp_path) -> None:
     assert "-    --speculative-algorithm NEXTN \\" in run.out
     report = run.report()
     assert report["status"] == "check" and report["check_mode"] is True and report["failures"] == []
+    assert f"would halt 3 processes on {lk.TRAINING}" in run.out  # check mode says what it would do
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "| would halt | 3 processes" in md and "Gate **off** (opt in with" in md
+    # the lab's seed unit listens on 0.0.0.0 without --api-key: the plan and the report warn
+    [warning] = [w for w in report["inference"][0]["plan"]["warnings"] if "without --api-key" in w]
+    assert "0.0.0.0" in warning and "> **Warning:** the server listens on 0.0.0.0" in md
     assert report["inference"][0]["plan"]["new_exec_start"].endswith("--speculative-num-draft-tokens 17")
     assert report["inference"][0]["plan"]["args_check"]["ok"] is True
     assert_unchanged(SEEN["pristine"], lk.state())
@@ -153,6 +165,15 @@ def test_bad_variables_fail_in_preflight_before_any_change(lab, tmp_path, extra,
     run = pivot(tmp_path, *extra)
     assert run.rc != 0
     assert message in run.out, run.tail()
+    assert_unchanged(SEEN["pristine"], lk.state())
+
+
+def test_without_root_preflight_fails_and_nothing_changes(lab, tmp_path) -> None:
+    # The play connects as an unprivileged user (no become): it may not signal the run, write the unit, install
+    # into the unit's site-packages or restart the service, so preflight says so and nothing changes anywhere.
+    run = pivot(tmp_path, "-e", "ansible_user=nobody", "-e", "ansible_remote_tmp=/tmp/.ansible-nobody")
+    assert run.rc != 0
+    assert "Run the pivot with become" in run.out and "Nothing was changed" in run.out, run.tail()
     assert_unchanged(SEEN["pristine"], lk.state())
 
 
@@ -277,6 +298,8 @@ def test_gate_failure_rolls_back(lab, tmp_path) -> None:
     report = assert_rolled_back(run, "Apply the gate: the gate failed on pro6000: speedup")
     svc = report["inference"][0]["service"]
     assert svc["rollback"]["gate"] is True
+    assert ("Gate **on** (speedup at least x100.0; disagreeing prompts at most not checked; acceptance length at "
+            "least not checked)") in (run.report_dir / "pivot-report.md").read_text()
     assert svc["gate"]["enabled"] is True and svc["gate"]["passed"] is False
     comparison = svc["baseline"]["comparison"]
     # Greedy decoding: the DDTREE server (the plugin's reference engine) agrees with the NEXTN server token by token.
@@ -380,3 +403,37 @@ def test_rollback_downgrades_the_plugin_to_its_previous_version(lab, tmp_path) -
     assert_nextn_serving()
     again = rollback(tmp_path)
     assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+API_KEY, HF_TOKEN = "lab-secret-api-key-4242", "hf_lab_token_7777"
+
+
+def test_a_unit_with_an_api_key_and_a_token_pivots_and_never_shows_them(lab, tmp_path) -> None:
+    # A server started with --api-key (its /generate answers 401 without it, as SGLang's own auth rule says) and a
+    # token in Environment=: health, baseline and comparison authenticate; no secret reaches the console, the
+    # --diff output, the report, or the pivot's records (0600).
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1", "HF_TOKEN": HF_TOKEN}
+    lk.reset("-e", json.dumps({"lab_sglang_extra_args": [["--api-key", API_KEY]], "lab_sglang_environment": env}))
+    unauth = lk.sh(lk.INFERENCE, "python3 -c \"import urllib.request as u; r=u.Request('http://127.0.0.1:30000/generate',"
+                   " data=b'{}', method='POST');\ntry: u.urlopen(r)\nexcept Exception as e: print(e)\"", check=False)
+    assert "401" in unauth, unauth
+    run = pivot(tmp_path, "--diff")
+    assert run.rc == 0, run.tail()
+    svc = run.report()["inference"][0]["service"]
+    assert svc["health"]["healthy"] is True and svc["baseline"]["before"]["ok"] is True, svc["baseline"]["before"]
+    assert svc["baseline"]["comparison"]["agreeing"] == svc["baseline"]["comparison"]["prompts"]
+    plan = run.report()["inference"][0]["plan"]
+    assert plan["auth"] == {"api_key": True, "admin_api_key": False, "secrets": ["--api-key", "HF_TOKEN"],
+                            "secrets_present": True}
+    assert "--api-key ***" in plan["new_exec_start"] and plan["environment"]["HF_TOKEN"] == "***"
+    assert any("holds a secret" in w for w in plan["warnings"]), plan["warnings"]
+    assert not any("without --api-key" in w for w in plan["warnings"])
+    texts = {"console (with --diff)": run.out}
+    for name in ("pivot-report.json", "pivot-report.md"):
+        texts[name] = (run.report_dir / name).read_text()
+    for where, text in texts.items():
+        for secret in (API_KEY, HF_TOKEN):
+            assert secret not in text, f"{secret} in the {where}"
+    modes = lk.sh(lk.INFERENCE, f"find {lk.STATE_DIR}/units -type f -exec stat -c '%a %n' {{}} +").split("\n")
+    assert modes and all(line.startswith("600 ") for line in modes if line.strip()), modes

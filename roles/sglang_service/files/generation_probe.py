@@ -16,6 +16,10 @@ Prints one JSON object: ok, error, url, started_at, finished_at, max_new_tokens,
 spec_accept_rate, spec_verify_ct, finish_reason), completion_tokens, wall_s, tokens_per_s (completion tokens / wall
 time over every measured request), server (speculative_algorithm, avg_spec_accept_length, version, from
 /get_server_info when it answers). Exit 0 either way; the caller decides.
+
+A server started with ``--api-key``/``--admin-api-key``: the keys come from the environment variables
+``SPECDEC_PIVOT_API_KEY`` (sent with ``/generate``) and ``SPECDEC_PIVOT_ADMIN_API_KEY`` (sent with
+``/get_server_info`` when set, else the API key), never from the command line, which other users can read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -33,9 +38,18 @@ def iso_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def auth_headers(admin: bool = False) -> dict:
+    """``Authorization: Bearer KEY`` as SGLang checks it (admin endpoints prefer the admin key)."""
+    key = os.environ.get("SPECDEC_PIVOT_API_KEY") or ""
+    if admin:
+        key = os.environ.get("SPECDEC_PIVOT_ADMIN_API_KEY") or key
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def post(url: str, body: dict, timeout: float) -> dict:
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **auth_headers()},
+        method="POST",
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback URL from the plan
         return json.loads(resp.read() or b"{}")
@@ -44,7 +58,8 @@ def post(url: str, body: dict, timeout: float) -> dict:
 def server_info(base: str, timeout: float) -> dict:
     for path in ("/get_server_info", "/server_info"):
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout) as resp:
+            req = urllib.request.Request(base + path, headers=auth_headers(admin=True))
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 info = json.loads(resp.read() or b"{}")
         except (urllib.error.URLError, OSError, ValueError):
             continue

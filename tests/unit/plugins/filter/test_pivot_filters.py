@@ -194,7 +194,15 @@ def test_filters_are_registered():
         "sglang_flag",
         "generation_compare",
         "pip_freeze_find",
+        "pivot_secrets",
+        "pivot_mask",
+        "pivot_listen_warning",
+        "pivot_duration",
+        "pivot_si",
+        "pivot_seconds_between",
     }
+    docs = {p.stem for p in (Path(f.__file__).parent).glob("*.yml")}
+    assert docs == set(f.FilterModule().filters()), "every filter has its documentation file"
 
 
 # ---------------------------------------------------------------------------------------------- generation_compare

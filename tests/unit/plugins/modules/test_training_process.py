@@ -441,6 +441,41 @@ def test_unprivileged_module_refuses_before_signalling_anything(fake_run):
     assert sorted(run.running()) == sorted(run.pids)
 
 
+def test_present_says_which_pids_this_user_may_not_signal(fake_run):
+    """Issue 16, point 5: a query (state=present) as an unprivileged user lists the pids it could not signal, so
+    preflight fails before anything changes; as the owner, none. No signal is sent either way."""
+    run = fake_run(nproc=1)
+    dropper = (
+        "import os, sys\n"
+        f"from {MODULE.rsplit('.', 1)[0]} import training_process as tp\n"
+        "import ansible.module_utils.basic as basic\n"
+        "import ansible.module_utils._internal._json._profiles._module_legacy_m2c\n"
+        "import ansible.module_utils._internal._json._profiles._module_legacy_c2m\n"
+        "import encodings.idna, locale, tempfile, shlex, platform, grp, pwd, syslog\n"
+        "data = sys.stdin.buffer.read()\n"
+        "os.chdir('/')\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        "basic._ANSIBLE_ARGS, basic._ANSIBLE_PROFILE = data, 'legacy'\n"
+        "tp.main()\n"
+    )
+    payload = json.dumps({"ANSIBLE_MODULE_ARGS": {"pattern": run.token, "state": "present"}})
+    proc = subprocess.run(
+        [sys.executable, "-c", dropper],
+        check=False,
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=module_env(),
+        timeout=120,
+    )
+    as_nobody = json.loads(proc.stdout)
+    assert not as_nobody.get("failed"), as_nobody
+    assert sorted(as_nobody["signal_denied"]) == sorted(run.pids)
+    as_owner = run_module({"pattern": run.token, "state": "present"})
+    assert as_owner["signal_denied"] == [] and as_owner["pids"] == run.pids
+    assert sorted(run.running()) == sorted(run.pids)
+
+
 # ------------------------------------------------------------------------------------------ GPU release
 
 
