@@ -48,6 +48,8 @@ def run_engine(args, name: str, algo: str, budget: int, modes: str, env_extra: d
     if not out.exists() and stats and Path(stats).exists():
         Path(stats).unlink()  # a run cut short earlier left partial stats
     extra = ["--batches", BATCHES, "--samples", str(args.samples)]
+    if args.prompts_file:
+        extra += ["--prompts-file", str(args.prompts_file)]
     if run_config(out, args.models, algo, budget, modes, extra, env_extra) is None:
         raise subprocess.CalledProcessError(1, name)
     return out
@@ -157,6 +159,12 @@ def main() -> int:
     ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at the largest budget")
     ap.add_argument("--no-equality", action="store_true", help="only the sampling test (e.g. on a flat target)")
     ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument(
+        "--natural",
+        action="store_true",
+        help="no oracle: the drafter's own trees (a trained pair of train_pair.py: natural branching)",
+    )
+    ap.add_argument("--prompts-file", type=Path, help="prompts (train_pair's eval_prompts.json) instead of random ids")
     ap.add_argument("--tie-margin", type=float, default=1.0)
     ap.add_argument("--graph-tol", type=float, default=0.01, help="largest |graph - eager| logit difference allowed")
     ap.add_argument("--result", type=Path, help="summary JSON (bench/results/lossless-*.json layout)")
@@ -175,8 +183,8 @@ def main() -> int:
     if args.before:
         configs.append(("ddtree-b16-before", 16, False))
     for name, budget, fixed in configs:
-        env = {
-            "SGLANG_DDTREE_TEST_ORACLE": str(oracle),
+        env = {} if args.natural else {"SGLANG_DDTREE_TEST_ORACLE": str(oracle)}
+        env |= {
             "SGLANG_DDTREE_TEST_STATS": str(args.work / f"{name}.jsonl"),
             "SGLANG_DDTREE_TEST_GRAPH_CHECK": "1",
         }
@@ -229,7 +237,8 @@ def main() -> int:
     summary = {
         "sglang": sglang.__version__,
         "date": datetime.date.today().isoformat(),
-        "pattern": PATTERN,
+        "pattern": None if args.natural else PATTERN,
+        "drafts": "natural (the drafter's own trees)" if args.natural else "forced (oracle)",
         "rows": rows,
         "sampling": samplings,
     }

@@ -4,12 +4,17 @@
 # call stopped: finished steps are skipped, the SGLang engines resume per configuration (RESUME=1).
 #
 #   DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
+#   STEPS="sglang-setup train-start lossless-hybrid" DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
 #
-# Steps, in order: core-stages (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench
-# (bench/tree_build.py), sglang-setup (unpack BUNDLE into /tmp/site, install the plugin, tiny models),
-# measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13),
-# hybrid (models-hybrid + measure-hybrid). SKIP="core-bench hybrid"
-# leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
+# Steps (STEPS picks some, in its order; default: all but the trained pair's): core-stages
+# (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench (bench/tree_build.py),
+# sglang-setup (unpack BUNDLE into /tmp/site, install the plugin and z-lab's dflash wheel if carried, tiny
+# models), measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13;
+# LOSSLESS_BUDGETS, HYBRID_BUDGETS), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
+# measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
+# process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
+# branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18).
+# SKIP="core-bench hybrid" leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STATE=${1:?state directory}
@@ -30,7 +35,8 @@ step() {  # name command...: run unless done, skipped, or out of time
   budget=$(left)
   if [ "$budget" -lt 30 ]; then echo "== $name: no time left in this call"; return 1; fi
   echo "== $name ($budget s left)"
-  local t=$(date +%s)
+  local t
+  t=$(date +%s)
   timeout "$budget" "$@"
   local rc=$?
   echo "== $name: rc=$rc after $(($(date +%s) - t)) s"
@@ -38,8 +44,8 @@ step() {  # name command...: run unless done, skipped, or out of time
   return $rc
 }
 
-sglang_env() {
-  export PYTHONPATH=/tmp/site SITE=/tmp/site
+sglang_env() {  # this checkout's plugin first (a copy installed by an earlier call may be stale), then the bundle
+  export PYTHONPATH="$PWD/sglang-ddtree/src:/tmp/site" SITE=/tmp/site
 }
 
 sglang_setup() {
@@ -49,19 +55,62 @@ sglang_setup() {
     tar -xJf "$BUNDLE" -C /tmp/site
   fi
   rm -rf /tmp/site/sglang_ddtree* # a copy installed by an earlier call would shadow this checkout
+  for whl in .device/dflash-*.whl; do  # z-lab's dflash (train_pair.py's external chain cross-check), if carried
+    [ -e "$whl" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$whl"
+  done
   bash bench/gpu/sglang_ddtree_gpu.sh install "$STATE/sglang"
   bash bench/gpu/sglang_ddtree_gpu.sh models "$STATE/sglang"
 }
 
-step core-stages env STAGE=stages OUT="$STATE/core" bash bench/gpu/core_tests.sh
-step core-tests env STAGE=tests TEST_TIMEOUT=400 OUT="$STATE/core" bash bench/gpu/core_tests.sh
-step core-bench env STAGE=bench BENCH_TIMEOUT=500 OUT="$STATE/core" bash bench/gpu/core_tests.sh
+gpu() { bash bench/gpu/sglang_ddtree_gpu.sh "$@"; }
+
+train_wait() {  # until train_pair.py (train-start) has finished, within this call's time
+  while [ ! -e "$STATE/train.rc" ]; do
+    if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
+    sleep 10
+  done
+  tail -n 5 "$STATE/train.log"
+  return "$(cat "$STATE/train.rc")"
+}
+
+run_step() {
+  local S="$STATE/sglang"
+  case "$1" in
+    core-stages) step core-stages env STAGE=stages OUT="$STATE/core" bash bench/gpu/core_tests.sh ;;
+    core-tests) step core-tests env STAGE=tests TEST_TIMEOUT=400 OUT="$STATE/core" bash bench/gpu/core_tests.sh ;;
+    core-bench) step core-bench env STAGE=bench BENCH_TIMEOUT=500 OUT="$STATE/core" bash bench/gpu/core_tests.sh ;;
+    sglang-setup) step sglang-setup bash -c sglang_setup ;;
+    measure) step measure env RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure "$S" ;;
+    lossless) step lossless env BUDGETS="${LOSSLESS_BUDGETS:-4,8,16}" bash bench/gpu/sglang_ddtree_gpu.sh lossless "$S" ;;
+    sampling) step sampling bash -c "$(declare -f gpu); gpu models-flat '$S' && gpu sampling '$S'" ;;
+    lossless-hybrid)
+      step lossless-hybrid bash -c "$(declare -f gpu); RESUME=1 gpu models-hybrid '$S' &&
+        BUDGETS='${HYBRID_BUDGETS:-4,8,16}' gpu lossless-hybrid '$S'" ;;
+    hybrid) step hybrid bash -c "$(declare -f gpu); RESUME=1 gpu models-hybrid '$S' && RESUME=1 gpu measure-hybrid '$S'" ;;
+    train-start)
+      if [ -e "$STATE/done-train-start" ]; then echo "== train-start: started earlier"; return 0; fi
+      echo "== train-start: bench/gpu/train_pair.py --out $STATE/pair in the background (log $STATE/train.log)"
+      setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair' >'$STATE/train.log' 2>&1;
+        echo \$? >'$STATE/train.rc'" </dev/null >/dev/null 2>&1 &
+      touch "$STATE/done-train-start" ;;
+    train-wait) step train-wait bash -c train_wait ;;
+    lossless-trained)
+      step lossless-trained python3 bench/gpu/lossless.py --models "$STATE/pair" --work "$STATE/lossless-trained" \
+        --label pure --natural --prompts-file "$STATE/pair/eval_prompts.json" --budgets "${TRAINED_BUDGETS:-8,16}" \
+        --sampling ;;
+    tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" ;;
+    step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
+    *) echo "unknown step $1" >&2; return 2 ;;
+  esac
+}
+
 sglang_env
 export -f sglang_setup
-step sglang-setup bash -c sglang_setup
-step measure env RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure "$STATE/sglang"
-step lossless bash bench/gpu/sglang_ddtree_gpu.sh lossless "$STATE/sglang"
-step sampling bash -c "bash bench/gpu/sglang_ddtree_gpu.sh models-flat '$STATE/sglang' && bash bench/gpu/sglang_ddtree_gpu.sh sampling '$STATE/sglang'"
-step lossless-hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && bash bench/gpu/sglang_ddtree_gpu.sh lossless-hybrid '$STATE/sglang'"
-step hybrid bash -c "RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh models-hybrid '$STATE/sglang' && RESUME=1 bash bench/gpu/sglang_ddtree_gpu.sh measure-hybrid '$STATE/sglang'"
-echo "== run_all: $(ls "$STATE" | grep -c '^done-') steps done; $(($(date +%s) - T0)) s in this call"
+export -f train_wait left
+export T0 DEADLINE_S
+for name in ${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}; do
+  case "$name" in core-*) ;; *) sglang_env ;; esac
+  run_step "$name"
+done
+done_steps=("$STATE"/done-*)
+echo "== run_all: ${#done_steps[@]} steps done; $(($(date +%s) - T0)) s in this call"

@@ -80,9 +80,12 @@ def mark_phase(name: str) -> None:
             fh.write(json.dumps({"phase": name}) + "\n")
 
 
-def run_equality(engine, vocab: int, batches: list[int], sampling: dict | None = None) -> dict:
-    """Greedy (or ``sampling``) outputs of 32 prompts x 64 tokens, ``batch`` requests at a time, per batch size."""
-    ps = prompts(vocab, 32, 24)
+def run_equality(
+    engine, vocab: int, batches: list[int], sampling: dict | None = None, given: list[list[int]] | None = None
+) -> dict:
+    """Greedy (or ``sampling``) outputs of 32 prompts x 64 tokens, ``batch`` requests at a time, per batch size
+    (``given``: these prompts instead, e.g. a trained pair's held-out ones)."""
+    ps = given or prompts(vocab, 32, 24)
     result = {"prompts": ps}
     for bs in batches:
         mark_phase(f"batch{bs}")
@@ -93,11 +96,11 @@ def run_equality(engine, vocab: int, batches: list[int], sampling: dict | None =
     return result
 
 
-def run_sampling(engine, vocab: int, samples: int, params: dict) -> dict:
+def run_sampling(engine, vocab: int, samples: int, params: dict, prompt: list[int] | None = None) -> dict:
     """``samples`` continuations of 4 tokens of ONE fixed prompt at the given sampling parameters (each request
     request an independent draw): the first token comes from the prefill, tokens 2-4 from speculative rounds."""
     mark_phase("sampling")
-    prompt = prompts(vocab, 1, 24, seed=11)[0]
+    prompt = prompt or prompts(vocab, 1, 24, seed=11)[0]
     outs = []
     for start in range(0, samples, 32):
         n = min(32, samples - start)
@@ -230,7 +233,12 @@ def main() -> int:
     ap.add_argument("--mode", required=True, help="equality, speed, sampling, comma-separated")
     ap.add_argument("--batches", default="1,16", help="equality: batch sizes (requests at a time)")
     ap.add_argument("--samples", type=int, default=4000, help="sampling: continuations of one prompt")
-    ap.add_argument("--prompts-file", type=Path, help="tau: JSON list of {ids: [...]} (train_pair's eval_prompts)")
+    ap.add_argument(
+        "--prompts-file",
+        type=Path,
+        help="JSON list of {ids: [...]} (train_pair's eval_prompts): tau's prompts; equality/sampling's instead of "
+        "random ids",
+    )
     ap.add_argument("--temperatures", default="0,1", help="tau: temperatures")
     ap.add_argument("--new-tokens", type=int, default=128, help="tau: new tokens per request")
     ap.add_argument("--context", type=int, default=32, help="speed/profile: prompt length in tokens")
@@ -263,12 +271,15 @@ def main() -> int:
     start_s = time.perf_counter() - t0
     try:
         body = {}
+        ids = [p["ids"] for p in json.loads(args.prompts_file.read_text())] if args.prompts_file else None
         if "equality" in modes:
-            body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")]))
+            body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")], given=ids))
         if "sampling" in modes:
-            body.update(run_sampling(engine, vocab, args.samples, {"temperature": 1.0, "top_k": 20, "top_p": 0.9}))
+            params = {"temperature": 1.0, "top_k": 20, "top_p": 0.9}
+            body.update(run_sampling(engine, vocab, args.samples, params, prompt=ids[0] if ids else None))
         if "tau" in modes:
-            ids = [p["ids"] for p in json.loads(args.prompts_file.read_text())]
+            if ids is None:
+                ap.error("--mode tau needs --prompts-file")
             temps = [float(t) for t in args.temperatures.split(",")]
             body.update(
                 run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo)
