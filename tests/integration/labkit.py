@@ -205,10 +205,37 @@ def state() -> dict:
     }
 
 
-def server_info() -> dict:
+def api_key_from_argv(argv: list[str]) -> str | None:
+    """The key /get_server_info wants from a server started with ``argv`` (SGLang's rule for an ADMIN_OPTIONAL
+    endpoint: the --admin-api-key when set, else the --api-key), or None for a server without keys."""
+    keys: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        for flag in ("--api-key", "--admin-api-key"):
+            if word == flag and i + 1 < len(argv):
+                keys[flag] = argv[i + 1]
+            elif word.startswith(flag + "="):
+                keys[flag] = word.split("=", 1)[1]
+    return keys.get("--admin-api-key") or keys.get("--api-key") or None
+
+
+def running_server_argv() -> list[str]:
+    """The lab server's command line as it runs now (the unit's main process), [] when it does not run."""
+    pid = unit_show("MainPID").get("MainPID", "0")
+    if not pid.isdigit() or int(pid) == 0:
+        return []
+    raw = docker("exec", INFERENCE, "cat", f"/proc/{pid}/cmdline", check=False).stdout
+    return [w for w in raw.split("\0") if w]
+
+
+def server_info(url: str = URL, argv: list[str] | None = None) -> dict:
+    """/get_server_info of the lab server (or of ``url``), sending the key its command line (``argv``, default the
+    running unit's) names, as the pivot's own probes do; a server without a key gets no Authorization header."""
     import urllib.request
 
-    with urllib.request.urlopen(URL + "/get_server_info", timeout=10) as resp:
+    key = api_key_from_argv(running_server_argv() if argv is None else argv)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    req = urllib.request.Request(url + "/get_server_info", headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labkit import INFERENCE, LAB, PORT, REPO, TRAIN_SCRIPT, TRAINING, docker, wait_for
+from labkit import INFERENCE, LAB, PORT, REPO, TRAIN_SCRIPT, TRAINING, api_key_from_argv, docker, server_info, wait_for
 
 IMAGE = os.environ.get("SPECDEC_LAB_IMAGE", "specdec-pivot-lab:bookworm")
 REQUIRE_LAB = bool(os.environ.get("SPECDEC_REQUIRE_LAB"))
@@ -304,6 +304,38 @@ def host_servers(tiny_models: Path) -> Iterator[dict[str, str]]:
     finally:
         stop_server(nextn)
         stop_server(ddtree)
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["python", "-m", "sglang.launch_server", "--model-path", "/m"], None),
+        (["python", "-m", "sglang.launch_server", "--api-key", "k1"], "k1"),
+        (["python", "-m", "sglang.launch_server", "--api-key=k1"], "k1"),
+        (["python", "-m", "sglang.launch_server", "--api-key", "k1", "--admin-api-key", "adm"], "adm"),
+        (["python", "-m", "sglang.launch_server", "--admin-api-key=adm"], "adm"),
+        (["python", "-m", "sglang.launch_server", "--api-key"], None),  # a dangling flag names no key
+    ],
+)
+def test_labkit_takes_the_key_get_server_info_wants(argv, key) -> None:
+    assert api_key_from_argv(argv) == key
+
+
+@pytest.mark.parametrize(
+    ("flags", "sent"),
+    [(["--api-key", "lab-key-1"], "lab-key-1"), (["--api-key", "lab-key-1", "--admin-api-key", "adm-2"], "adm-2")],
+)
+def test_labkit_server_info_authenticates_to_a_keyed_server(tiny_models: Path, flags, sent) -> None:
+    # labkit.server_info() sent no key, so against a server started with --api-key it got 401.
+    proc, url = start_server(tiny_models, *flags)
+    try:
+        wait_http(url + "/health", 180, proc)  # /health is open, as in SGLang
+        assert http(url + "/get_server_info")[0] == 401
+        assert api_key_from_argv(proc.args) == sent
+        info = server_info(url, argv=proc.args)
+        assert info["model_path"] == str(tiny_models / "Qwen3-tiny"), info
+    finally:
+        stop_server(proc)
 
 
 def test_server_greedy_generation_is_deterministic_and_sized(host_servers) -> None:
