@@ -136,10 +136,10 @@ def test_the_plugin_wheel_builds_offline_in_a_stock_venv(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "SGLANG_DDTREE_"))}
     env["PIP_CONFIG_FILE"] = os.devnull  # no index, no find-links: offline
     proc = subprocess.run([str(py), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-w", str(tmp_path / "out"), str(pkg)], capture_output=True, text=True, env=env)
+                           "-w", str(tmp_path / "out"), str(pkg)], capture_output=True, text=True, env=env, check=False)
     assert proc.returncode == 0, f"stock venv ({freeze.split()}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     [wheel] = (tmp_path / "out").glob("sglang_ddtree-*-py3-none-any.whl")
-    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)], check=False,
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = ("import importlib.metadata as m; d = m.distribution('sglang-ddtree'); "
