@@ -7,8 +7,10 @@
   unit with only ExecStart changed, every other line kept).
 - ``systemd_exec_lines``: an argv list -> ExecStart lines, the command on the first line and one flag (with its
   values) per following line, each word quoted for systemd.
-- ``dflash_drafter_check``: a drafter's and a target's config.json -> whether the drafter is a DFlash drafter
-  that fits the target, with one readable error per problem.
+- ``dflash_drafter_check``: a drafter's and a target's config.json (and the plugin's resolved drafter) -> whether
+  the drafter fits the target, with one readable error per problem.
+- ``sglang_ddtree_cli``: a run of the plugin's own ``python -m sglang_ddtree check-drafter|check-sglang`` -> its
+  report, ``ok`` and the problems (each naming the field and the fix).
 - ``sglang_flag``: the value of a flag in an argv (host, port, TP size, ... of the server).
 - ``generation_compare``: two generation probes (the old server's baseline, the new server's run of the same
   greedy prompts) -> per-prompt agreement with the first diverging token, tokens/s before and after, the
@@ -169,28 +171,33 @@ def _is_int(value: Any) -> bool:
 def dflash_drafter_check(
     drafter_cfg: Mapping[str, Any],
     target_cfg: Mapping[str, Any],
-    architectures: Sequence[str] = ("DFlashDraftModel",),
+    spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Check a DFlash drafter config.json against its target's config.json.
+    """Check that a DFlash drafter fits its TARGET: the drafter/target half of the drafter check.
+
+    Whether the drafter itself can be served (architecture, block size, mask token, layer shapes, what DDTREE in
+    SGLang honours) is the plugin's own check, ``python -m sglang_ddtree check-drafter PATH --consumer sglang``;
+    ``spec`` is that check's resolved drafter (its ``spec``), whose ``target_layer_ids`` (z-lab's default when the
+    config names only ``num_target_layers``) and ``block_size`` are used when given. This filter only compares
+    the drafter with the target: its target layers inside the target's, ``num_target_layers`` equal to them, the
+    same ``vocab_size`` and ``hidden_size`` (the drafter shares the target's embeddings and lm_head), and a
+    ``mask_token_id`` inside the vocabulary.
 
     Returns ``{ok, errors, drafter, target}``; ``drafter`` holds architectures, block_size, target_layer_ids,
     mask_token_id, hidden/vocab sizes; ``target`` the target's layer count and sizes.
     """
     if not isinstance(drafter_cfg, Mapping) or not isinstance(target_cfg, Mapping):
         raise AnsibleFilterError("dflash_drafter_check expects two dicts: the drafter's and the target's config.json")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise AnsibleFilterError("dflash_drafter_check: spec must be the plugin check's 'spec' (a dict) or None")
+    spec = spec or {}
     target = _text_config(target_cfg)
     errors: list[str] = []
 
-    d_arch = list(drafter_cfg.get("architectures") or [])
-    if not set(d_arch) & set(architectures):
-        errors.append(
-            f"drafter architectures {d_arch} contain none of {list(architectures)}: this is not a DFlash drafter "
-            "(point the drafter path at a z-lab DFlash checkpoint directory)"
-        )
-    block_size = _first(drafter_cfg, "block_size", "dflash_config.block_size")
-    if not _is_int(block_size) or block_size < 2:
-        errors.append(f"drafter block_size is {block_size!r}; a DFlash drafter needs an integer block_size >= 2")
-    layer_ids = _first(drafter_cfg, "dflash_config.target_layer_ids", "target_layer_ids")
+    block_size = spec.get("block_size", _first(drafter_cfg, "dflash_config.block_size", "block_size"))
+    layer_ids = spec.get("target_layer_ids", _first(drafter_cfg, "dflash_config.target_layer_ids", "target_layer_ids"))
+    if isinstance(layer_ids, tuple):
+        layer_ids = list(layer_ids)
     t_layers = target.get("num_hidden_layers")
     if not _is_int(t_layers) or t_layers < 1:
         errors.append(f"target config has no usable num_hidden_layers ({t_layers!r})")
@@ -203,7 +210,7 @@ def dflash_drafter_check(
                 f"drafter target_layer_ids {bad} are outside the target's {t_layers} layers (0..{t_layers - 1}): "
                 "the drafter was trained for a different target"
             )
-    n_target = drafter_cfg.get("num_target_layers")
+    n_target = _first(drafter_cfg, "dflash_config.num_target_layers", "num_target_layers")
     if _is_int(n_target) and _is_int(t_layers) and n_target != t_layers:
         errors.append(f"drafter num_target_layers {n_target} != target num_hidden_layers {t_layers}")
     for key in ("vocab_size", "hidden_size"):
@@ -215,7 +222,7 @@ def dflash_drafter_check(
                 f"drafter {key} {d_val} != target {key} {t_val}: the drafter shares the target's "
                 "embeddings and lm_head, so they must match"
             )
-    mask_id = _first(drafter_cfg, "dflash_config.mask_token_id", "mask_token_id")
+    mask_id = spec.get("mask_token_id", _first(drafter_cfg, "dflash_config.mask_token_id", "mask_token_id"))
     vocab = target.get("vocab_size")
     if _is_int(mask_id) and _is_int(vocab) and not 0 <= mask_id < vocab:
         errors.append(f"drafter mask_token_id {mask_id} is outside the vocabulary (size {vocab})")
@@ -223,7 +230,7 @@ def dflash_drafter_check(
         "ok": not errors,
         "errors": errors,
         "drafter": {
-            "architectures": d_arch,
+            "architectures": list(drafter_cfg.get("architectures") or []),
             "block_size": block_size,
             "target_layer_ids": layer_ids,
             "mask_token_id": mask_id,
@@ -238,6 +245,64 @@ def dflash_drafter_check(
             "vocab_size": vocab,
         },
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The plugin's own CLI (python -m sglang_ddtree check-drafter / check-sglang), run on the host
+
+
+def _last_json_object(text: str) -> Mapping[str, Any] | None:
+    """The last JSON object in ``text`` that starts at the beginning of a line (the CLI prints one, indented;
+    anything SGLang may print around it is skipped)."""
+    import json
+
+    decoder = json.JSONDecoder()
+    found = None
+    for match in re.finditer(r"(?m)^\{", text):
+        try:
+            obj, _end = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if isinstance(obj, Mapping):
+            found = obj
+    return found
+
+
+def sglang_ddtree_cli(result: Mapping[str, Any], command: str) -> dict[str, Any]:
+    """A registered run of ``python -m sglang_ddtree COMMAND`` (``rc``, ``stdout``, ``stderr``; a command task's or
+    an ``async_status`` result) -> the CLI's report with ``ok``, ``problems`` (a list, each naming the field and the
+    fix for check-drafter; the one ``problem`` for check-sglang) and ``rc``. A run that printed no report (the
+    interpreter could not import the plugin or its dependencies, say) is ``ok: false`` with the exit status and the
+    last lines it wrote to stderr; for check-sglang ``implementation`` is then ``None``."""
+    if not isinstance(result, Mapping):
+        raise AnsibleFilterError("sglang_ddtree_cli expects a registered command result (rc, stdout, stderr)")
+    if command not in ("check-drafter", "check-sglang"):
+        raise AnsibleFilterError(f"sglang_ddtree_cli: command {command!r} is not check-drafter or check-sglang")
+    rc = result.get("rc")
+    report = _last_json_object(str(result.get("stdout") or ""))
+    if report is None:
+        err = [line.strip() for line in str(result.get("stderr") or result.get("msg") or "").splitlines()]
+        err = [line for line in err if line][-3:]
+        problem = f"python -m sglang_ddtree {command} exited with status {rc} and printed no report" + (
+            f": {' | '.join(err)}" if err else ""
+        )
+        out: dict[str, Any] = {"ok": False, "ran": False, "rc": rc, "problems": [problem], "problem": problem}
+        if command == "check-sglang":
+            out.update(implementation=None, detail=None, plugin_status=None)
+        return out
+    out = dict(report)
+    out["ran"] = True
+    out["rc"] = rc
+    out["ok"] = bool(report.get("ok")) and rc == 0
+    if command == "check-drafter":
+        problems = [str(p) for p in report.get("problems") or []]
+        if not out["ok"] and not problems:
+            problems = [f"python -m sglang_ddtree check-drafter exited with status {rc}"]
+        out["problems"] = problems
+    else:
+        problem = report.get("problem")
+        out["problems"] = [str(problem)] if problem else []
+    return out
 
 
 def sglang_flag(argv: Sequence[str], names: str | Sequence[str], default: Any = None) -> Any:
@@ -626,6 +691,7 @@ class FilterModule:
             "systemd_unit_header": systemd_unit_header,
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
+            "sglang_ddtree_cli": sglang_ddtree_cli,
             "sglang_flag": sglang_flag,
             "generation_compare": generation_compare,
             "pip_freeze_find": pip_freeze_find,

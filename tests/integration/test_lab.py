@@ -29,6 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import labkit
 import pytest
 from labkit import INFERENCE, LAB, PORT, REPO, TRAIN_SCRIPT, TRAINING, api_key_from_argv, docker, server_info, wait_for
 
@@ -511,6 +512,54 @@ def test_server_info_says_nextn(lab) -> None:
     assert info["lab_stand_in"] is True
     assert info["version"] == "0.5.23"
     assert info["tp_size"] == 2 and info["speculative_num_steps"] == 3
+
+
+PREFLIGHT_TMP = "/tmp/specdec-pivot-preflight.*"
+
+
+def _preflight_leftovers() -> str:
+    return labkit.sh(INFERENCE, f"ls -d {PREFLIGHT_TMP} 2>/dev/null", check=False).strip()
+
+
+def test_preflight_runs_the_plugin_checks_and_changes_nothing(lab, tmp_path: Path) -> None:
+    # Preflight runs the plugin's own CLI in the unit's interpreter (python -m sglang_ddtree check-drafter and
+    # check-sglang, the wheel on PYTHONPATH from a temporary copy) and records which DDTREE the server will run.
+    before = labkit.state()
+    run = labkit.playbook("pivot.yml", "--check", report_dir=tmp_path / "reports")
+    assert run.rc == 0, run.tail()
+    plan = run.report()["inference"][0]["plan"]
+    assert plan["ddtree"]["implementation"] == "plugin", plan["ddtree"]
+    assert plan["ddtree"]["detail"] == "sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo"
+    assert plan["ddtree"]["plugin_status"] == "registered" and plan["ddtree"]["sglang"] == "0.5.23"
+    check = plan["drafter"]["check"]
+    assert check["ok"] is True and check["consumer"] == "sglang" and check["problems"] == [], check
+    assert check["path"] == "/models/Qwen3-tiny-DFlash" and check["weights_checked"] is True
+    assert "DDTREE the server will run: plugin (sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo)" in run.out
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "DDTREE the server will run: **plugin** (`sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo`)" in md
+    assert _preflight_leftovers() == "", "the temporary copy of the plugin must be gone"
+    assert labkit.plugin_version() is None, "preflight installs nothing"
+    assert labkit.state() == before
+
+
+def test_preflight_stops_on_a_drafter_the_plugin_refuses(lab, tmp_path: Path) -> None:
+    # A drafter whose config.json the old config-only check accepted, but DDTREE in SGLang does not honour
+    # (output_multiplier != 1): preflight stops with the plugin's own message, before anything changes.
+    bad = "/tmp/lab-drafter-refused"
+    labkit.sh(INFERENCE, f"rm -rf {bad} && cp -a /models/Qwen3-tiny-DFlash {bad} && python3 -c \"import json; "
+                         f"p='{bad}/config.json'; c=json.load(open(p)); c['output_multiplier']=2.0; "
+                         "json.dump(c, open(p, 'w'))\"")
+    try:
+        before = labkit.state()
+        run = labkit.playbook("pivot.yml", "-e", f"sglang_preflight_drafter_path={bad}", report_dir=tmp_path / "r")
+        assert run.rc != 0
+        assert f"the DDTREE plugin refuses the drafter {bad} on {INFERENCE}" in run.out, run.tail()
+        assert "output_multiplier=2.0: DDTREE in SGLang does not apply it" in run.out, run.tail()
+        assert "only 1.0 is supported" in run.out and "Nothing was changed" in run.out
+        assert _preflight_leftovers() == ""
+        assert labkit.state() == before
+    finally:
+        labkit.sh(INFERENCE, f"rm -rf {bad}", check=False)
 
 
 def test_ddtree_without_plugin_exits_with_sglang_error(lab) -> None:

@@ -155,9 +155,6 @@ def test_dflash_check_reads_text_config_of_multimodal_targets():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"architectures": ["Qwen3ForCausalLM"]}, "not a DFlash drafter"),
-        ({"block_size": 1}, "block_size"),
-        ({"block_size": None}, "block_size"),
         ({"dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 36]}}, r"\[36\] are outside"),
         ({"dflash_config": {"mask_token_id": 151669, "target_layer_ids": []}}, "non-empty list"),
         ({"dflash_config": {"mask_token_id": 999999, "target_layer_ids": [1]}}, "mask_token_id 999999"),
@@ -172,10 +169,125 @@ def test_dflash_check_each_problem_is_named(change, message):
     assert any(re.search(message, e) for e in result["errors"]), result["errors"]
 
 
+@pytest.mark.parametrize(
+    "change",
+    [{"architectures": ["Qwen3ForCausalLM"]}, {"block_size": 1}, {"block_size": None}],
+    ids=["architecture", "block-size-1", "no-block-size"],
+)
+def test_dflash_check_leaves_the_drafter_itself_to_the_plugin_cli(change):
+    # One place decides whether the drafter itself can be served: python -m sglang_ddtree check-drafter (run by
+    # sglang_preflight). This filter only compares drafter and target, so it no longer repeats those checks.
+    drafter = {**load("qwen3-8b-dflash-b16"), **change}
+    assert f.dflash_drafter_check(drafter, load("qwen3-8b"))["ok"]
+
+
+def test_dflash_check_uses_the_plugin_resolved_target_layers():
+    # config.json names only num_target_layers: the plugin resolves z-lab's default ids; the filter checks those.
+    drafter = load("qwen3-8b-dflash-b16")
+    drafter["dflash_config"].pop("target_layer_ids", None)
+    drafter.pop("target_layer_ids", None)
+    assert not f.dflash_drafter_check(drafter, load("qwen3-8b"))["ok"]
+    spec = {"target_layer_ids": [1, 9, 17, 25, 33], "block_size": 16, "mask_token_id": 151669}
+    result = f.dflash_drafter_check(drafter, load("qwen3-8b"), spec)
+    assert result["ok"], result["errors"]
+    assert result["drafter"]["target_layer_ids"] == [1, 9, 17, 25, 33]
+    bad = f.dflash_drafter_check(drafter, load("qwen3-8b"), {**spec, "target_layer_ids": [1, 40]})
+    assert any("[40] are outside the target's 36 layers" in e for e in bad["errors"]), bad["errors"]
+    with pytest.raises(AnsibleFilterError, match="spec must be"):
+        f.dflash_drafter_check(drafter, load("qwen3-8b"), ["not", "a", "dict"])
+
+
 def test_dflash_check_block_size_inside_dflash_config():
     drafter = load("qwen3-8b-dflash-b16")
     drafter["dflash_config"]["block_size"] = drafter.pop("block_size")
     assert f.dflash_drafter_check(drafter, load("qwen3-8b"))["drafter"]["block_size"] == 16
+
+
+DRAFTER_OK = '{\n "consumer": "sglang",\n "ok": true,\n "problems": [],\n "spec": {"block_size": 16}\n}\n'
+DRAFTER_REFUSED = (
+    '{\n "consumer": "sglang",\n "ok": false,\n "problems": ["output_multiplier=2.0: DDTREE in SGLang does not '
+    'apply it (...); only 1.0 is supported"],\n "spec": {"block_size": 16}\n}\n'
+)
+SGLANG_PLUGIN = (
+    'INFO sglang: loading plugins\n{\n "implementation": "plugin",\n "detail": "sglang_ddtree.sglang.spec_algo.'
+    'DDTreeSpecAlgo",\n "ok": true,\n "problem": null,\n "sglang": "0.5.23"\n}\n'
+)
+SGLANG_NONE = (
+    '{\n "implementation": null,\n "ok": false,\n "plugin_status": "skipped: sglang 0.5.9 has no plugin API",\n'
+    ' "problem": "DDTREE is not registered: skipped: sglang 0.5.9 has no plugin API"\n}\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("result", "command", "ok", "problems", "extra"),
+    [
+        ({"rc": 0, "stdout": DRAFTER_OK, "stderr": ""}, "check-drafter", True, [], {"spec": {"block_size": 16}}),
+        (
+            {"rc": 1, "stdout": DRAFTER_REFUSED, "stderr": ""},
+            "check-drafter",
+            False,
+            ["output_multiplier=2.0: DDTREE in SGLang does not apply it (...); only 1.0 is supported"],
+            {},
+        ),
+        (  # an interpreter that cannot import the plugin (torch missing, say): no report, the reason from stderr
+            {
+                "rc": 1,
+                "stdout": "",
+                "stderr": "Traceback ...\n  File x\nModuleNotFoundError: No module named 'torch'\n",
+            },
+            "check-drafter",
+            False,
+            [
+                "python -m sglang_ddtree check-drafter exited with status 1 and printed no report: Traceback ... | "
+                "File x | ModuleNotFoundError: No module named 'torch'"
+            ],
+            {"ran": False},
+        ),
+        (  # a report that says ok with a non-zero exit is not ok
+            {"rc": 2, "stdout": DRAFTER_OK, "stderr": ""},
+            "check-drafter",
+            False,
+            ["python -m sglang_ddtree check-drafter exited with status 2"],
+            {},
+        ),
+        (
+            {"rc": 0, "stdout": SGLANG_PLUGIN, "stderr": "warnings"},
+            "check-sglang",
+            True,
+            [],
+            {"implementation": "plugin", "detail": "sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo"},
+        ),
+        (
+            {"rc": 1, "stdout": SGLANG_NONE, "stderr": ""},
+            "check-sglang",
+            False,
+            ["DDTREE is not registered: skipped: sglang 0.5.9 has no plugin API"],
+            {"implementation": None},
+        ),
+        (
+            {"rc": 1, "stdout": "", "stderr": ""},
+            "check-sglang",
+            False,
+            ["python -m sglang_ddtree check-sglang exited with status 1 and printed no report"],
+            {"implementation": None, "ran": False},
+        ),
+    ],
+    ids=["drafter-ok", "drafter-refused", "no-report", "ok-but-rc", "plugin", "none", "silent-crash"],
+)
+def test_sglang_ddtree_cli_reads_the_plugin_checks(result, command, ok, problems, extra):
+    out = f.sglang_ddtree_cli(result, command)
+    assert out["ok"] is ok
+    assert out["problems"] == problems
+    assert out["rc"] == result["rc"]
+    for key, value in extra.items():
+        assert out[key] == value, (key, out)
+
+
+def test_sglang_ddtree_cli_refuses_what_it_cannot_read():
+    with pytest.raises(AnsibleFilterError, match="registered command result"):
+        f.sglang_ddtree_cli("text", "check-drafter")
+    with pytest.raises(AnsibleFilterError, match="is not check-drafter or check-sglang"):
+        f.sglang_ddtree_cli({"rc": 0}, "generate")
 
 
 def test_unit_header_keeps_leading_comments_only():
@@ -191,6 +303,7 @@ def test_filters_are_registered():
         "systemd_unit_header",
         "systemd_exec_lines",
         "dflash_drafter_check",
+        "sglang_ddtree_cli",
         "sglang_flag",
         "generation_compare",
         "pip_freeze_find",
@@ -214,8 +327,13 @@ def probe(outputs: list[list[int]], tps: float, accept: list[float | None] | Non
         "tokens_per_s": tps,
         "server": {"speculative_algorithm": "X", "avg_spec_accept_length": server_avg},
         "results": [
-            {"prompt": f"p{i}", "output_ids": ids, "text": " ".join(map(str, ids)), "completion_tokens": len(ids),
-             "spec_accept_length": acc}
+            {
+                "prompt": f"p{i}",
+                "output_ids": ids,
+                "text": " ".join(map(str, ids)),
+                "completion_tokens": len(ids),
+                "spec_accept_length": acc,
+            }
             for i, (ids, acc) in enumerate(zip(outputs, accept, strict=True))
         ],
     }
@@ -232,8 +350,14 @@ def test_compare_agreement_and_first_divergence():
     assert out["tokens_per_s"] == {"before": 100.0, "after": 150.0}
     assert out["speedup"] == 1.5
     assert out["accept_length"] == {"mean_per_request": 3.0, "server_avg": 2.0, "value": 3.0}
-    assert out["gate"] == {"enabled": False, "passed": True, "failures": [], "min_speedup": 0.0,
-                           "max_disagreements": -1, "min_accept_length": 0.0}
+    assert out["gate"] == {
+        "enabled": False,
+        "passed": True,
+        "failures": [],
+        "min_speedup": 0.0,
+        "max_disagreements": -1,
+        "min_accept_length": 0.0,
+    }
 
 
 def test_compare_falls_back_to_text_and_server_average():
@@ -244,8 +368,16 @@ def test_compare_falls_back_to_text_and_server_average():
     after["results"][0]["text"] = "1 3"
     out = f.generation_compare(before, after)
     assert out["per_prompt"][0] | {"before_text": None, "after_text": None} == {
-        "index": 0, "prompt": "p0", "agree": False, "first_divergence": 2, "unit": "char", "before_tokens": 2,
-        "after_tokens": 2, "before_text": None, "after_text": None}
+        "index": 0,
+        "prompt": "p0",
+        "agree": False,
+        "first_divergence": 2,
+        "unit": "char",
+        "before_tokens": 2,
+        "after_tokens": 2,
+        "before_text": None,
+        "after_text": None,
+    }
     assert out["accept_length"]["value"] == 1.75
 
 
@@ -312,12 +444,25 @@ sglang[all]==0.5.23
     ("name", "expected"),
     [
         ("torch", {"present": True, "version": "2.13.0+cpu", "url": None, "line": "torch==2.13.0+cpu"}),
-        ("sglang-ddtree", {"present": True, "version": "0.1.0",
-                           "url": "file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl",
-                           "line": FREEZE.splitlines()[1]}),
+        (
+            "sglang-ddtree",
+            {
+                "present": True,
+                "version": "0.1.0",
+                "url": "file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl",
+                "line": FREEZE.splitlines()[1],
+            },
+        ),
         ("sglang", {"present": True, "version": "0.5.23", "url": None, "line": "sglang[all]==0.5.23"}),
-        ("editable.pkg", {"present": True, "version": None, "url": "git+https://example.invalid/x.git@abc#egg=editable_pkg",
-                          "line": FREEZE.splitlines()[3]}),
+        (
+            "editable.pkg",
+            {
+                "present": True,
+                "version": None,
+                "url": "git+https://example.invalid/x.git@abc#egg=editable_pkg",
+                "line": FREEZE.splitlines()[3],
+            },
+        ),
         ("sglang-ddtre", {"present": False, "version": None, "url": None, "line": None}),
     ],
 )
