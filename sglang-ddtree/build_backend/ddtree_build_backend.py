@@ -1,18 +1,18 @@
 """The package's PEP 517 build backend: setuptools' own, with a fallback for a stock controller.
 
-setuptools builds the wheel whenever it can (setuptools >= 70.1, which has bdist_wheel built in, or any setuptools
-with the ``wheel`` package importable). A stock Debian 12 ``python3 -m venv`` has pip 23.0.1 and setuptools 66.1.1
+setuptools builds the wheel whenever it can: setuptools >= 77, which has bdist_wheel built in and reads the SPDX
+``license`` string of pyproject.toml. A stock Debian 12 ``python3 -m venv`` has pip 23.0.1 and setuptools 66.1.1
 and no ``wheel``; ``pip wheel --no-build-isolation`` (how the ddtree_plugin role builds the plugin on the
-controller, offline) would fail there with "invalid command 'bdist_wheel'". In that case this module writes the
-pure-Python wheel itself from pyproject.toml and src/ (metadata 2.1, entry points, RECORD): the same files and
-metadata setuptools puts in. sdists and editable installs are setuptools' alone.
+controller, offline) would fail there ("invalid command 'bdist_wheel'", and setuptools < 77 refuses the SPDX
+string). With such a setuptools this module writes the pure-Python wheel itself from pyproject.toml and src/
+(metadata 2.1, entry points, RECORD): the same files and metadata setuptools puts in. sdists and editable installs
+are setuptools' alone (pip's build isolation brings a current one).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import os
 import re
 import zipfile
@@ -34,8 +34,7 @@ if hasattr(_st, "build_editable"):  # setuptools >= 64
 def _setuptools_builds_wheels() -> bool:
     if os.environ.get("SGLANG_DDTREE_OWN_WHEEL"):  # tests force the fallback
         return False
-    major_minor = tuple(int(x) for x in re.findall(r"\d+", _setuptools_version)[:2])
-    return major_minor >= (70, 1) or importlib.util.find_spec("wheel") is not None
+    return int(re.findall(r"\d+", _setuptools_version)[0]) >= 77
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -84,7 +83,7 @@ def _metadata_files(project: dict) -> dict[str, str]:
     if isinstance(lic, dict) and lic.get("text"):
         lines.append(f"License: {lic['text']}")
     elif isinstance(lic, str):
-        lines.append(f"License-Expression: {lic}")
+        lines.append(f"License: {lic}")  # metadata 2.1 has no License-Expression
     if project.get("requires-python"):
         lines.append(f"Requires-Python: {project['requires-python']}")
     lines += [f"Requires-Dist: {dep}" for dep in project.get("dependencies", [])]
