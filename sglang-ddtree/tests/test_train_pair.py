@@ -132,3 +132,35 @@ def test_anchor_batch_and_visibility():
     assert vis[0, 0, 0, :40].sum() == a0 and not vis[0, 0, 0, a0]  # context strictly before the anchor
     assert vis[0, 0, 0, 40:44].all() and not vis[0, 0, 0, 44:].any()  # its own block only
     assert module.lr_at(0, 100, 1.0, 0.1) == pytest.approx(0.1) and module.lr_at(99, 100, 1.0, 0.1) > 0.1
+
+
+def test_corpus_adds_site_packages_once_and_refuses_unknown_sources(tmp_path, monkeypatch):
+    """``corpus_sources=stdlib,site``: a site-packages folder on sys.path joins the corpus; a file whose text is
+    already in (a vendored stdlib copy) is read once, so held-out text is never also trained on."""
+    tp = _module()
+    site = tmp_path / "site-packages"
+    (site / "pkg" / "tests").mkdir(parents=True)
+    stdlib = Path(tp.sysconfig.get_paths()["stdlib"])
+    (site / "pkg" / "vendored_heapq.py").write_text((stdlib / "heapq.py").read_text())
+    (site / "pkg" / "own.py").write_text("def only_here():\n    return 'site corpus'\n")
+    (site / "pkg" / "tests" / "test_x.py").write_text("assert 'never in the corpus'\n")
+    own_path = [p for p in sys.path if not p.endswith(("site-packages", "dist-packages"))]  # only this folder
+    monkeypatch.setattr(sys, "path", [*own_path, str(site)])
+    settings = tp.Settings(max_corpus_bytes=0, corpus_sources="stdlib,site")
+    train, held, stats = tp.load_corpus(settings)
+    texts = [t for _, t in train + held]
+    assert str(site.resolve()) in stats["roots"]
+    assert any("site corpus" in t for t in texts)
+    assert not any("never in the corpus" in t for t in texts)
+    assert len(texts) == len(set(texts))  # heapq once, from the stdlib
+    names = [n for n, _ in train + held]
+    assert "heapq.py" in names and not any(n.endswith("vendored_heapq.py") for n in names)
+    with pytest.raises(SystemExit, match="corpus_sources"):
+        tp.load_corpus(tp.Settings(corpus_sources="stdlib,internet"))
+
+
+def test_the_target_kept_is_the_best_held_out_one(smoke):
+    _, log = smoke
+    curve = log["target"]["held_out_curve_64_rows"]
+    best_step = min(curve, key=lambda row: row[1])[0]
+    assert log["target"]["kept_step"] == best_step
