@@ -9,7 +9,9 @@ setup-python:
 setup-docker:
 	bash lab/setup-docker.sh
 
-setup: setup-python setup-docker
+# both at once (scripts/setup.sh): the Python venvs and the lab image, each to its own log
+setup:
+	bash scripts/setup.sh
 
 lab: setup
 	bash lab/run-pivot.sh

@@ -3,8 +3,9 @@
 #   1. docker.io and mmdebstrap from apt (only if missing);
 #   2. the docker engine, started by hand when `docker info` fails (its init script fails on these VMs:
 #      ../shared/notes/containers.md);
-#   3. a wheelhouse lab/.wheelhouse (git-ignored) with every wheel the lab's SGLang venv needs, built on the
-#      host where pip finds the local CPU torch wheel;
+#   3. only when the base image (4.) must be built: a wheelhouse lab/.wheelhouse (git-ignored) with every wheel
+#      the lab's SGLang venv needs, built on the host where pip finds the local CPU torch wheel (with .venv's pip:
+#      waits for scripts/setup-python.sh, which make setup runs at the same time);
 #   4. the base image specdec-pivot-lab-base:<hash> — Debian bookworm minbase from mmdebstrap with systemd,
 #      python3-psutil (the training_process module needs it on the training host),
 #      python3.11 and the venv /opt/sglang/venv holding the REAL sglang (--no-deps over the minimal runtime
@@ -50,22 +51,27 @@ if ! docker info >/dev/null 2>&1; then
 fi
 log "docker engine: $(docker info --format '{{.ServerVersion}} ({{.Driver}}, cgroup {{.CgroupVersion}})')"
 
-# --- 3. wheelhouse
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-wh_hash=$(printf '%s\n' "$SGLANG_VERSION" | cat - "$RUNTIME_REQS" | sha256sum | cut -c1-16)
-if [ ! -e "$WHEELHOUSE/.stamp-$wh_hash" ]; then
-  log "building the wheelhouse $WHEELHOUSE (sglang==$SGLANG_VERSION over $RUNTIME_REQS)"
-  mkdir -p "$WHEELHOUSE"
-  "$PY" -m pip wheel -q -w "$WHEELHOUSE" -r "$RUNTIME_REQS" 2> >(grep -v "is ignored: it is neither a file" >&2)
-  "$PY" -m pip wheel -q --no-deps -w "$WHEELHOUSE" "sglang==$SGLANG_VERSION" \
-    2> >(grep -v "is ignored: it is neither a file" >&2)
-  cp "$RUNTIME_REQS" "$WHEELHOUSE/runtime-requirements.txt"
-  rm -f "$WHEELHOUSE"/.stamp-*
-  touch "$WHEELHOUSE/.stamp-$wh_hash"
-fi
+# --- 3. wheelhouse (only when the base image must be built): every wheel the image's SGLang venv needs
+build_wheelhouse() {
+  local PY=${PYTHON:-}
+  if [ -z "$PY" ]; then
+    # .venv's pip (scripts/setup-python.sh; make setup runs it at the same time as this script: wait for its stamp)
+    for _ in $(seq 1200); do compgen -G '.venv/.setup-*' >/dev/null && break; sleep 1; done
+    if compgen -G '.venv/.setup-*' >/dev/null; then PY=.venv/bin/python; else PY=python3; fi
+  fi
+  local wh_hash
+  wh_hash=$(printf '%s\n' "$SGLANG_VERSION" | cat - "$RUNTIME_REQS" | sha256sum | cut -c1-16)
+  if [ ! -e "$WHEELHOUSE/.stamp-$wh_hash" ]; then
+    log "building the wheelhouse $WHEELHOUSE (sglang==$SGLANG_VERSION over $RUNTIME_REQS) with $PY"
+    mkdir -p "$WHEELHOUSE"
+    "$PY" -m pip wheel -q -w "$WHEELHOUSE" -r "$RUNTIME_REQS" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    "$PY" -m pip wheel -q --no-deps -w "$WHEELHOUSE" "sglang==$SGLANG_VERSION" \
+      2> >(grep -v "is ignored: it is neither a file" >&2)
+    cp "$RUNTIME_REQS" "$WHEELHOUSE/runtime-requirements.txt"
+    rm -f "$WHEELHOUSE"/.stamp-*
+    touch "$WHEELHOUSE/.stamp-$wh_hash"
+  fi
+}
 
 # --- 4. base image (mmdebstrap root file system + SGLang venv), tagged by the hash of its inputs
 base_hash=$( { printf '%s\n' "$SUITE" "$PACKAGES" "$SGLANG_VERSION"; cat lab/image/customize-rootfs.sh "$RUNTIME_REQS"; } \
@@ -79,6 +85,7 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
       | grep -oE 'https?://[^ ]+' | grep -v security | head -1 || true)
     mirror=${mirror:-http://deb.debian.org/debian}
   fi
+  build_wheelhouse
   log "building the base image $BASE with mmdebstrap from $mirror (~3 min)"
   start=$(date +%s)
   tmp_tag=specdec-pivot-lab-base:partial-$$

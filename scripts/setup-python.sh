@@ -17,23 +17,30 @@ stamp=.venv/.setup-$stamp_input
 if [ -e "$stamp" ]; then echo "setup-python: up to date ($stamp)"; exit 0; fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+base_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# The venv of each other release needs only .venv's site-packages path: they are made while .venv is filled.
+other_venvs() {
+  local v venv site
+  for v in $SGLANG_OTHER_VERSIONS; do
+    venv=.venv-sglang-$v
+    [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    pipq "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" pytest==9.0.3
+    pipq "$venv/bin/python" -m pip install -q --no-deps -e ./sglang-ddtree
+    # The runtime (torch, transformers, ...) is shared with .venv; this venv's own site-packages come
+    # first on sys.path, so its sglang (and nothing else) shadows the main one. (Written last: this venv's pip
+    # never sees .venv while it is being filled.)
+    echo "$base_site" > "$site/zz-specdec-base.pth"
+  done
+}
+other_venvs > >(sed 's/^/[release venvs] /') 2>&1 &
+others=$!
 pipq .venv/bin/python -m pip install -q --upgrade pip
 pipq .venv/bin/python -m pip install -q -r requirements/dev.txt -r requirements/sglang-runtime.txt
 pipq .venv/bin/python -m pip install -q -r requirements/sglang-test.txt
 pipq .venv/bin/python -m pip install -q --no-deps "sglang==$SGLANG_MAIN_VERSION"
-pipq .venv/bin/python -m pip install -q --no-deps -e ./sglang-ddtree
-
-base_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for v in $SGLANG_OTHER_VERSIONS; do
-  venv=.venv-sglang-$v
-  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  # The runtime (torch, transformers, ...) is shared with .venv; this venv's own site-packages come
-  # first on sys.path, so its sglang (and nothing else) shadows the main one.
-  echo "$base_site" > "$site/zz-specdec-base.pth"
-  pipq "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" pytest==9.0.3
-  pipq "$venv/bin/python" -m pip install -q --no-deps -e ./sglang-ddtree
-done
+wait "$others" || { echo "setup-python: a release venv failed (above)"; exit 1; }
+pipq .venv/bin/python -m pip install -q --no-deps -e ./sglang-ddtree  # after them: one egg-info writer at a time
 # ansible-test sanity creates a venv per test and bootstraps pip there with a script from a host this machine
 # cannot reach; give it the same bootstrap built from PyPI's pip wheel (scripts/ansible_test_get_pip.py).
 cache=~/.ansible/test/cache
