@@ -91,6 +91,7 @@ def test_an_old_name_is_refused_with_the_fix(tmp_path, role, tasks_from, old):
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
