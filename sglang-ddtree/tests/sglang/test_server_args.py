@@ -25,9 +25,7 @@ def test_ddtree_defaults(model_dirs):
     assert not got["enable_mixed_chunk"]
 
 
-@pytest.mark.parametrize(
-    ("num_draft_tokens", "budget"), [(2, 1), (9, 8), (33, 32), (64, 63)]
-)
+@pytest.mark.parametrize(("num_draft_tokens", "budget"), [(2, 1), (9, 8), (33, 32), (64, 63)])
 def test_budget_from_num_draft_tokens(model_dirs, num_draft_tokens, budget):
     got = resolve([*base_argv(model_dirs, "DDTREE"), "--speculative-num-draft-tokens", str(num_draft_tokens)])
     assert got["speculative_num_draft_tokens"] == budget + 1
@@ -44,8 +42,13 @@ def test_explicit_settings_are_kept(model_dirs):
     got = resolve(
         [
             *base_argv(model_dirs, "DDTREE"),
-            "--attention-backend", "triton", "--speculative-draft-attention-backend", "flashinfer",
-            "--disable-overlap-schedule", "--max-running-requests", "8",
+            "--attention-backend",
+            "triton",
+            "--speculative-draft-attention-backend",
+            "flashinfer",
+            "--disable-overlap-schedule",
+            "--max-running-requests",
+            "8",
         ]
     )
     assert got["attention_backend"] == "triton"
@@ -95,8 +98,15 @@ def test_device_cpu_is_rejected(model_dirs):
 
 
 def test_missing_drafter_is_rejected(model_dirs):
-    argv = ["--model-path", model_dirs["target"], "--speculative-algorithm", "DDTREE", "--device", "cuda",
-            "--skip-tokenizer-init"]
+    argv = [
+        "--model-path",
+        model_dirs["target"],
+        "--speculative-algorithm",
+        "DDTREE",
+        "--device",
+        "cuda",
+        "--skip-tokenizer-init",
+    ]
     with pytest.raises(ValueError, match=r"--speculative-draft-model-path is missing: DDTREE needs a DFlash drafter"):
         resolve(argv)
 
@@ -129,3 +139,46 @@ def test_lazy_mamba_state_tracking_is_refused(model_dirs):
         with pytest.raises((SystemExit, ValueError)) as err:
             resolve(argv)
         assert err.type is SystemExit or "extra_buffer_lazy" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        ({"sliding_window": 4096}, r"sliding_window=4096"),  # Mistral-style: a window is a window
+        ({"sliding_window": 4096, "use_sliding_window": True}, r"sliding_window=4096 with use_sliding_window"),
+        ({"layer_types": ["sliding_attention", "full_attention"] * 3}, r"layer_types has sliding-window .*\[0, 2, 4\]"),
+        ({"text_config": {"layer_types": ["full_attention", "sliding_attention"]}}, r"text_config\.layer_types.*\[1\]"),
+        ({"sliding_window": 4096, "use_sliding_window": False}, None),  # Qwen2/3: present but off
+        ({"sliding_window": None, "use_sliding_window": False, "max_window_layers": 28}, None),
+        ({"layer_types": ["linear_attention", "linear_attention", "full_attention"]}, None),  # hybrid GDN
+        ({"sliding_window": 4096, "layer_types": ["full_attention"] * 4}, None),  # layer_types decide
+        ({}, None),
+    ],
+)
+def test_sliding_window_targets_are_told_apart(config, problem):
+    from sglang_ddtree.sglang.server_args import sliding_window_problem
+
+    got = sliding_window_problem(config)
+    if problem is None:
+        assert got is None
+    else:
+        assert got is not None and __import__("re").search(problem, got), got
+
+
+def test_a_sliding_window_target_is_refused_at_startup(model_dirs, tmp_path):
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(model_dirs["target"]) / "config.json").read_text())
+    # Qwen3: layers from max_window_layers on use the window (transformers spells them out in layer_types)
+    cfg.update(sliding_window=512, use_sliding_window=True, max_window_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = base_argv(dict(model_dirs, target=str(tmp_path)), "DDTREE")
+    window = r"(layer_types has sliding-window layers \[2, 3\]|sliding_window=512 with use_sliding_window=true)"
+    with pytest.raises(ValueError, match=rf"--model-path=.*sliding-window attention \({window}\).*DFLASH"):
+        resolve(argv)
+    resolve(base_argv(model_dirs, "DDTREE"))  # the same target without the window resolves
+    cfg.update(max_window_layers=28)  # the window on no layer (a 4-layer model): not refused
+    (tmp_path / "off").mkdir()  # a new path: SGLang caches configs per path
+    (tmp_path / "off" / "config.json").write_text(json.dumps(cfg))
+    resolve(base_argv(dict(model_dirs, target=str(tmp_path / "off")), "DDTREE"))

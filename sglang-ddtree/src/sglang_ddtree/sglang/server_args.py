@@ -154,6 +154,41 @@ def read_drafter_info(cfg: Any) -> DrafterInfo:
     return DrafterInfo(architectures=architectures, block_size=int(block_size))
 
 
+def sliding_window_problem(config: dict) -> str | None:
+    """Why a target with this HF config (a dict; a multimodal one's ``text_config`` too) cannot run DDTREE, or
+    None. DDTREE's tree mask (``verify_input``) is an ancestor mask over full attention: a sliding-window layer
+    would need the window applied per tree node. Qwen3's ``sliding_window`` with ``use_sliding_window: false``
+    and hybrids' ``linear_attention`` layers are not sliding windows."""
+    for where, cfg in (("", config), ("text_config.", config.get("text_config") or {})):
+        if not isinstance(cfg, dict):
+            continue
+        layer_types = [str(t) for t in cfg.get("layer_types") or []]
+        sliding = [i for i, t in enumerate(layer_types) if "sliding" in t]
+        if sliding:
+            return f"{where}layer_types has sliding-window layers {sliding[:8]}{' ...' if len(sliding) > 8 else ''}"
+        window = cfg.get("sliding_window")
+        if window and cfg.get("use_sliding_window", True) and not layer_types:
+            return f"{where}sliding_window={window}" + (
+                " with use_sliding_window=true" if "use_sliding_window" in cfg else ""
+            )
+    return None
+
+
+def _target_hf_config(cfg: Any) -> dict | None:
+    """The target's HF config as SGLang reads it (None when it cannot be read: SGLang reports that itself)."""
+    try:
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        hf = get_config(
+            cfg.model_path,
+            trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
+            revision=getattr(cfg, "revision", None),
+        )
+        return hf.to_dict()
+    except Exception:  # the target's own loading names the problem
+        return None
+
+
 def _backend_pair(cfg: Any) -> tuple[Any, Any]:
     base = getattr(cfg, "attention_backend", None)
     prefill = getattr(cfg, "prefill_attention_backend", None) or base
@@ -212,6 +247,15 @@ def handle_ddtree_server_args(cfg: Any) -> None:
         )
     if getattr(cfg, "enable_lora", None) or getattr(cfg, "lora_paths", None):
         raise DDTreeConfigError("--enable-lora / --lora-paths: DDTREE does not support LoRA adapters; drop them")
+
+    target_config = _target_hf_config(cfg)
+    problem = sliding_window_problem(target_config) if target_config else None
+    if problem:
+        raise DDTreeConfigError(
+            f"--model-path={cfg.model_path!r}: the target uses sliding-window attention ({problem}); DDTREE's tree "
+            "verify applies an ancestor mask over full attention only, so a windowed layer would attend outside its "
+            "window; serve this target with --speculative-algorithm DFLASH or without speculation"
+        )
 
     budget = budget_from_num_draft_tokens(getattr(cfg, "speculative_num_draft_tokens", None))
     drafter = read_drafter_info(cfg)

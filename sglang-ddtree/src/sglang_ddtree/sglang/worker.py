@@ -34,7 +34,7 @@ from ..tree import build_tree, build_tree_from_topk
 from ..verify import sampling_walk
 from . import testing
 from .commit import compact_to_front, kv_commit_moves, out_tokens_from_path, tree_mamba_commit_indices
-from .server_args import current_block_size
+from .server_args import DDTreeConfigError, current_block_size
 from .tp_topk import sharded_candidates
 from .tree_kernels import verify_tree_greedy
 from .verify_input import build_verify_arrays, mask_numel
@@ -50,6 +50,24 @@ class _DraftCaptured(Exception):
     def __init__(self, hidden_states: torch.Tensor):
         super().__init__("ddtree draft captured")
         self.hidden_states = hidden_states
+
+
+def lm_head_problem(lm_head: Any) -> str | None:
+    """Why the drafter's logits cannot be computed as ``hidden @ lm_head.weight.T``, or None (fine).
+
+    A quantized lm_head (an SGLang quant method other than the unquantized one, or a weight that is not a
+    floating-point [vocab, hidden] matrix) would give meaningless tree scores without any error."""
+    if lm_head is None:
+        return "is missing (the target model has no lm_head attribute)"
+    weight = getattr(lm_head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return f"has no dense [vocab, hidden] weight ({type(weight).__name__})"
+    if not weight.dtype.is_floating_point or weight.dtype.itemsize < 2:
+        return f"weight is {weight.dtype} (quantized)"
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and "unquantized" not in type(method).__name__.lower():
+        return f"is quantized ({type(method).__name__})"
+    return None
 
 
 def _call_version_kwargs(fn, **kwargs):
@@ -92,6 +110,13 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_set_block_size(block_size)
         self._ddtree_capturing = False
         self._ddtree_require_graph_mask_hook()
+        problem = lm_head_problem(self._ddtree_lm_head())
+        if problem:
+            raise DDTreeConfigError(
+                f"DDTREE: the target's lm_head {problem}; the tree scores the drafter's hidden states through the "
+                "target's lm_head weight as a dense matrix. Serve an unquantized lm_head (leave lm_head out of "
+                "--quantization / the checkpoint's quantization_config), or use --speculative-algorithm DFLASH"
+            )
         logger.info("DDTREE worker: budget=%d, block_size=%d", self.ddtree_budget, block_size)
 
     # --- set-up ----------------------------------------------------------------------------------------------
