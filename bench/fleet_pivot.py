@@ -54,7 +54,9 @@ def measure(serial: str, concurrency: int, max_requests: int, max_duration: floa
     time.sleep(2)
     t0 = time.monotonic()
     cmd = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "inventories/lab-fleet", "playbooks/pivot.yml",
-           "-e", f"pivot_switch_serial={serial}", "-e", f"pivot_report_dir={report_dir}", *extra]
+           "-e", f"pivot_switch_serial={serial}", "-e", f"pivot_report_dir={report_dir}",
+           # its own wheel directory: another pivot on this controller rebuilds the shared one (checksum failure)
+           "-e", f"ddtree_plugin_build_dir={report_dir / 'wheels'}", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
     wall = time.monotonic() - t0
     time.sleep(2)
