@@ -539,6 +539,10 @@ def test_preflight_runs_the_plugin_checks_and_changes_nothing(lab, tmp_path: Pat
     assert "DDTREE the server will run: **plugin** (`sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo`)" in md
     assert _preflight_leftovers() == "", "the temporary copy of the plugin must be gone"
     assert labkit.plugin_version() is None, "preflight installs nothing"
+    # preflight reports no change (a second pivot run must say changed=0): not even the background checks
+    changed = [b.splitlines()[0] for b in run.out.split("TASK [")[1:]
+               if b.startswith("specdec.pivot.sglang_preflight :") and "\nchanged:" in b]
+    assert changed == [], changed
     assert labkit.state() == before
 
 
