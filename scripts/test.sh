@@ -3,7 +3,7 @@
 # Two groups run at the same time, each writing its own log that is printed when the group ends:
 #   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity, then
 #        the molecule scenarios (containers of their own names and networks, not the lab's)
-#   lab  the lab's integration tests, the pivot's fault scenarios, the pivot from the installed collection
+#   lab  the pivot's fault scenarios, the pivot from the installed collection, the lab's integration tests
 #        (the lab's containers ct200/pro6000, one user at a time through /tmp/specdec-lab.lock)
 # Every stage is run; any failure fails the run (exit 1) after both groups have ended. The closing lines list each
 # stage's time and the pytest totals of every stage.
@@ -86,16 +86,18 @@ cpu_group() {
 }
 
 lab_group() {
-  # tests/integration: every file but the fault scenarios (the lab's own tests, and any added later), then the
-  # faults (one lab for all of them), then the pivot from the built and installed collection.
-  stage "lab integration tests (docker containers with systemd)"
-  SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py
-
+  # The pivot's fault scenarios (one lab for all of them), the pivot from the built and installed collection, then
+  # every other file of tests/integration (the lab's own tests, and any added later). That last stage starts
+  # SGLang servers on the host with a time limit on their start-up, so it goes last, when the cpu group (about
+  # as long as the faults) has mostly ended and left the CPUs to it.
   stage "pivot fault scenarios, interrupted runs, rollback (lab)"
   SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 
   stage "the lab pivot from the installed collection (ansible-galaxy collection build + install)"
   bash scripts/test-installed-collection.sh
+
+  stage "lab integration tests (docker containers with systemd)"
+  SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py
   stage_end
 }
 
