@@ -88,7 +88,11 @@ def main(argv: list[str]) -> int:
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         dest = out / wheel.name
         if not dest.exists() or hashlib.sha256(dest.read_bytes()).hexdigest() != digest:
-            shutil.copyfile(wheel, dest)
+            # atomically: a pivot running at the same time on this controller (the cache is shared) never reads a
+            # half-written wheel; the same sources give the same bytes, so either writer's file is the right one
+            part = out / f".{wheel.name}.{os.getpid()}.part"
+            shutil.copyfile(wheel, part)
+            os.replace(part, dest)
             changed = True
         else:
             changed = False
