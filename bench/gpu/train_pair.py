@@ -157,18 +157,20 @@ def stdlib_files(root: Path) -> list[Path]:
 
 def corpus_roots(sources: str) -> list[tuple[str, Path]]:
     """(label, folder) of each corpus source: ``stdlib`` and, for ``site``, every site-packages / dist-packages
-    folder on sys.path (PYTHONPATH folders such as the GPU host's /tmp/site included), each once."""
+    folder on sys.path, and every other sys.path folder of installed distributions (``*.dist-info``: a pip
+    ``--target`` folder such as the GPU host's /tmp/site), each once, this repository's own folders left out."""
     names = {x.strip() for x in sources.split(",") if x.strip()}
     if not names or names - {"stdlib", "site"}:
         raise SystemExit(f"error: corpus_sources={sources!r}: use 'stdlib' or 'stdlib,site'")
     roots = [("stdlib", Path(sysconfig.get_paths()["stdlib"]).resolve())] if "stdlib" in names else []
     if "site" in names:
         seen = {r for _, r in roots}
+        repo = Path(__file__).resolve().parents[2]
         for entry in sys.path:
             path = Path(entry).resolve() if entry else None
-            if path is None or not path.is_dir() or path in seen or path == Path.cwd().resolve():
+            if path is None or not path.is_dir() or path in seen or path == repo or repo in path.parents:
                 continue
-            if path.name in ("site-packages", "dist-packages") or (path / "torch").is_dir():
+            if path.name in ("site-packages", "dist-packages") or next(path.glob("*.dist-info"), None):
                 seen.add(path)
                 roots.append((f"site{len(roots)}", path))
     return roots

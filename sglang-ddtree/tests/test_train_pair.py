@@ -144,13 +144,20 @@ def test_corpus_adds_site_packages_once_and_refuses_unknown_sources(tmp_path, mo
     (site / "pkg" / "vendored_heapq.py").write_text((stdlib / "heapq.py").read_text())
     (site / "pkg" / "own.py").write_text("def only_here():\n    return 'site corpus'\n")
     (site / "pkg" / "tests" / "test_x.py").write_text("assert 'never in the corpus'\n")
-    own_path = [p for p in sys.path if not p.endswith(("site-packages", "dist-packages"))]  # only this folder
-    monkeypatch.setattr(sys, "path", [*own_path, str(site)])
+    target = tmp_path / "site"  # a pip --target folder (the GPU host's /tmp/site): known by its dist-info
+    (target / "tpkg-1.0.dist-info").mkdir(parents=True)
+    (target / "tpkg.py").write_text("TARGET_FOLDER = 'pip --target corpus'\n")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "loose.py").write_text("LOOSE = 'not an install folder'\n")
+    own_path = [p for p in sys.path if not p.endswith(("site-packages", "dist-packages"))]  # only these folders
+    monkeypatch.setattr(sys, "path", [*own_path, str(site), str(target), str(tmp_path / "plain")])
     settings = tp.Settings(max_corpus_bytes=0, corpus_sources="stdlib,site")
     train, held, stats = tp.load_corpus(settings)
     texts = [t for _, t in train + held]
     assert str(site.resolve()) in stats["roots"]
     assert any("site corpus" in t for t in texts)
+    assert any("pip --target corpus" in t for t in texts)
+    assert not any("not an install folder" in t for t in texts)
     assert not any("never in the corpus" in t for t in texts)
     assert len(texts) == len(set(texts))  # heapq once, from the stdlib
     names = [n for n, _ in train + held]
