@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything CI checks. Called by `make test` (the README's test command) after set-up.
 # Two groups run at the same time, each writing its own log that is printed when the group ends:
-#   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity, then
-#        the molecule scenarios (containers of their own names and networks, not the lab's)
+#   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity, the
+#        molecule scenarios (containers of their own names and networks, not the lab's), then the fleet lab's
+#        tests (fleet-a/b/c + HAProxy: their own containers, network and lock; here, not in the lab group, so the
+#        two groups take about as long as each other)
 #   lab  the pivot's fault scenarios, the pivot from the installed collection, the lab's integration tests
 #        (the lab's containers ct200/pro6000, one user at a time through /tmp/specdec-lab.lock)
-# Every stage is run; any failure fails the run (exit 1) after both groups have ended. The closing lines list each
-# stage's time and the pytest totals of every stage.
+# A group stops at its first failing stage; the other group goes on to its end. Any failure fails the run (exit 1)
+# after both groups have ended. The closing lines list each stage's time and the pytest totals of every stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -82,14 +84,17 @@ cpu_group() {
     stage "molecule test -s $scenario"
     molecule test -s "$scenario"
   done
+
+  stage "fleet lab tests (three hosts behind HAProxy: canary failure, interrupted rolling pivot under load)"
+  SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_fleet.py
   stage_end
 }
 
 lab_group() {
   # The pivot's fault scenarios (one lab for all of them), the pivot from the built and installed collection, then
-  # every other file of tests/integration (the lab's own tests, and any added later). That last stage starts
-  # SGLang servers on the host with a time limit on their start-up, so it goes last, when the cpu group (about
-  # as long as the faults) has mostly ended and left the CPUs to it.
+  # every other file of tests/integration but test_fleet.py (the cpu group's last stage): the lab's own tests, and
+  # any added later. That last stage starts SGLang servers on the host with a time limit on their start-up (360 s,
+  # enough for SGLang's import on a loaded 2-CPU machine), so it goes last.
   stage "pivot fault scenarios, interrupted runs, rollback (lab)"
   SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 
@@ -97,7 +102,8 @@ lab_group() {
   bash scripts/test-installed-collection.sh
 
   stage "lab integration tests (docker containers with systemd)"
-  SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py
+  SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py \
+    --ignore=tests/integration/test_fleet.py
   stage_end
 }
 
