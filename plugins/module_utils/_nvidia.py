@@ -250,11 +250,13 @@ def classify_nvml_error(err: Exception) -> GpuQueryError:
 # --------------------------------------------------------------------------------------------- I/O
 
 
-def run_with_timeout(argv: list[str], timeout: float) -> tuple[int, str, str]:
+def run_with_timeout(argv: list[str], timeout: float, limit: float | None = None) -> tuple[int, str, str]:
     """Run ``argv`` (a list, never a shell string) and return ``(rc, stdout, stderr)``.
 
     The child runs in its own session; when ``timeout`` seconds pass, the whole process group is killed
     (SIGKILL) and :class:`GpuQueryError` (kind ``timeout``) is raised. A missing executable is kind ``no_gpu``.
+    ``limit`` is the limit the message names (the user's ``timeout`` option when several calls share one
+    deadline and ``timeout`` is only what is left of it); it defaults to ``timeout``.
     """
     if isinstance(argv, str):
         raise TypeError("run_with_timeout takes an argv list, not a shell string")
@@ -286,8 +288,9 @@ def run_with_timeout(argv: list[str], timeout: float) -> tuple[int, str, str]:
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a child that escaped its group keeps the pipe
             pass
+        named = timeout if limit is None else limit
         raise GpuQueryError(
-            f"{' '.join(argv[:2])} did not answer within {timeout:g} s and was killed. nvidia-smi hangs when the "
+            f"{' '.join(argv[:2])} did not answer within {named:g} s and was killed. nvidia-smi hangs when the "
             "driver is wedged or a GPU has fallen off the bus: check `dmesg` for Xid errors; raise the timeout "
             "option only if the host is merely slow.",
             kind="timeout",
@@ -319,7 +322,7 @@ def read_gpus_nvidia_smi(module, nvidia_smi: str = "nvidia-smi", timeout: float 
 
     def run(args: tuple[str, ...]) -> str:
         left = max(deadline - time.monotonic(), 0.1)
-        rc, out, err = run_with_timeout([path, *args], left)
+        rc, out, err = run_with_timeout([path, *args], left, limit=timeout)
         if rc != 0:
             raise classify_failure(rc, out, err, argv0=nvidia_smi)
         low = out.lower()

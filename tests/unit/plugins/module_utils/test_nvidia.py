@@ -325,6 +325,17 @@ def test_hung_nvidia_smi_is_killed_and_reported_as_timeout(tmp_path, monkeypatch
         os.kill(pid, 0)  # killed and reaped, not left behind
 
 
+def test_timeout_message_names_the_users_limit_not_what_was_left_of_a_shared_deadline(tmp_path, monkeypatch):
+    """The second of two queries sharing one deadline gets only the leftover (here 0.4 s of the option's 3 s);
+    the message must name the option's value, which the user can raise, not the leftover (CI saw '1.99985 s')."""
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_MODE", "hang")
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_PIDFILE", str(tmp_path / "pids"))
+    with pytest.raises(GpuQueryError) as info:
+        run_with_timeout([sys.executable, str(STAND_IN), "-L"], 0.4, limit=3)
+    assert "did not answer within 3 s" in str(info.value)
+    assert "0.4" not in str(info.value)
+
+
 # --------------------------------------------------------------------------------------------- readers
 
 
