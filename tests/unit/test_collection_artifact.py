@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 GALAXY = Path(sys.executable).parent / "ansible-galaxy"
@@ -146,7 +148,8 @@ def test_the_plugin_wheel_builds_offline_in_a_stock_venv(tmp_path) -> None:
              "print(d.version, sorted(e.name for e in d.entry_points if e.group == 'sglang.srt.plugins'), "
              "sorted(e.name for e in d.entry_points if e.group == 'console_scripts'), d.metadata['License'])")
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    assert out.split()[0] == "0.1.0" and "['ddtree']" in out and "['sglang-ddtree']" in out and "Apache-2.0" in out
+    assert out.split()[0] == "0.1.0" and "['ddtree']" in out and "['sglang-ddtree']" in out
+    assert "GPL-3.0-or-later" in out  # one license: galaxy.yml's, COPYING at the repository's root
 
 
 def test_the_fallback_wheel_holds_what_setuptools_puts_in(tmp_path) -> None:
@@ -164,3 +167,38 @@ def test_the_fallback_wheel_holds_what_setuptools_puts_in(tmp_path) -> None:
         for name in own:
             if name.endswith(".py") or name.endswith(("entry_points.txt", "top_level.txt")):
                 assert a.read(name) == b.read(name), name
+
+
+def collections_used(text: str) -> set[str]:
+    """The collections a task file names through a module's FQCN (``ns.coll.module:`` keys), ansible.builtin and
+    this collection left out."""
+    found = {m.group(1) for m in re.finditer(r"^\s*-?\s*([a-z0-9_]+\.[a-z0-9_]+)\.[a-z0-9_]+:", text, re.M)}
+    return found - {"ansible.builtin", "specdec.pivot"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- name: x\n  community.general.haproxy:\n    state: drain\n", {"community.general"}),
+        ("- ansible.posix.sysctl:\n    name: a\n", {"ansible.posix"}),
+        ("- name: x\n  ansible.builtin.uri:\n    url: u\n  specdec.pivot.gpu_memory:\n", set()),
+        ("- name: x\n  vars:\n    a: b.c.d\n", set()),
+    ],
+)
+def test_collections_used_reads_module_fqcns(text, expected) -> None:
+    assert collections_used(text) == expected
+
+
+def test_every_collection_the_roles_and_playbooks_use_is_a_declared_dependency() -> None:
+    """A module of another collection (community.general.haproxy for the fleet pivot) must be in galaxy.yml's
+    dependencies, so ``ansible-galaxy collection install`` of the artefact brings or finds it."""
+
+    declared = set(yaml.safe_load((REPO / "galaxy.yml").read_text()).get("dependencies") or {})
+    used: dict[str, list[str]] = {}
+    for path in sorted([*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("roles/*/handlers/*.yml"),
+                        *REPO.glob("playbooks/*.yml"), *REPO.glob("playbooks/tasks/*.yml")]):
+        for name in collections_used(path.read_text()):
+            used.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert "community.general" in used, "the fleet pivot's balancer steps use community.general.haproxy"
+    missing = {name: files for name, files in used.items() if name not in declared}
+    assert not missing, f"used but not declared in galaxy.yml dependencies: {missing}"
