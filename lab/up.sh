@@ -11,60 +11,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lab/lab.env
 . lab/lab.env
-reset=0 provision=1 extra=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --reset) reset=1 ;;
-    --no-provision) provision=0 ;;
-    --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "up.sh: unknown option $1 (use --reset, --no-provision, -- ANSIBLE_ARGS)" >&2; exit 2 ;;
-  esac
-  shift
-done
+# shellcheck source=lab/containers.sh
+. lab/containers.sh
+lab_up_args "$0" 2,10 "$@"
 lab_lock
 log() { printf '[lab/up] %s\n' "$*"; }
 start=$(date +%s)
 
-docker info >/dev/null 2>&1 || { echo "up.sh: no docker engine answers; run lab/setup-docker.sh first" >&2; exit 1; }
-image_id=$(docker image inspect -f '{{.Id}}' "$LAB_IMAGE" 2>/dev/null) \
-  || { echo "up.sh: image $LAB_IMAGE is missing; run lab/setup-docker.sh first" >&2; exit 1; }
-docker network inspect "$LAB_NETWORK" >/dev/null 2>&1 \
-  || { docker network create --label "$LAB_LABEL" "$LAB_NETWORK" >/dev/null; log "network $LAB_NETWORK created"; }
-
-for name in "$LAB_TRAINING" "$LAB_INFERENCE"; do
-  current=$(docker inspect -f '{{.Image}} {{.State.Running}}' "$name" 2>/dev/null || true)
-  if [ -n "$current" ] && { [ "$reset" = 1 ] || [ "${current% *}" != "$image_id" ]; }; then
-    [ "$reset" = 1 ] || log "$name was made from an older image: recreating it"
-    docker rm -f "$name" >/dev/null
-    current=""
-  fi
-  if [ -z "$current" ]; then
-    publish=()
-    [ "$name" = "$LAB_INFERENCE" ] && publish=(-p "127.0.0.1:$LAB_PORT:30000")
-    docker run -d --name "$name" --hostname "$name" --network "$LAB_NETWORK" --label "$LAB_LABEL" \
-      --tmpfs /run --tmpfs /run/lock --tmpfs /tmp -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
-      "${publish[@]}" "$LAB_IMAGE" >/dev/null
-    log "$name started from $LAB_IMAGE"
-  elif [ "${current#* }" != true ]; then
-    docker start "$name" >/dev/null
-    log "$name restarted"
-  fi
-done
-
-for name in "$LAB_TRAINING" "$LAB_INFERENCE"; do
-  state=""
-  for _ in $(seq 120); do
-    state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
-    case "$state" in running|degraded) break ;; esac
-    sleep 0.5
-  done
-  case "$state" in
-    running) log "$name: systemd $state" ;;
-    degraded) log "$name: systemd degraded; failed units:"; docker exec "$name" systemctl --failed --no-legend || true ;;
-    *) echo "up.sh: systemd in $name is '$state' after 60 s" >&2; docker logs --tail 30 "$name" >&2; exit 1 ;;
-  esac
-done
+image_id=$(lab_image_id "$LAB_IMAGE")
+lab_network "$LAB_NETWORK" "$LAB_LABEL"
+lab_container "$LAB_TRAINING" "$LAB_IMAGE" "$image_id" "$LAB_NETWORK" "$LAB_LABEL" "$reset"
+lab_container "$LAB_INFERENCE" "$LAB_IMAGE" "$image_id" "$LAB_NETWORK" "$LAB_LABEL" "$reset" \
+  -p "127.0.0.1:$LAB_PORT:30000"
+lab_wait_systemd "$LAB_TRAINING" "$LAB_INFERENCE"
 
 if [ "$provision" = 1 ]; then
   [ -x "$LAB_ANSIBLE_PLAYBOOK" ] || { echo "up.sh: $LAB_ANSIBLE_PLAYBOOK is missing; run make setup-python" >&2; exit 1; }
