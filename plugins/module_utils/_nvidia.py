@@ -7,7 +7,7 @@ Layout:
   :func:`parse_query_compute_apps` (``--query-compute-apps=`` CSV), :func:`attach_processes`,
   :func:`classify_failure` (nvidia-smi's exit status and text -> :class:`GpuQueryError`),
   :func:`classify_nvml_error` (an ``NVMLError`` -> :class:`GpuQueryError`).
-* Thin I/O: :func:`run_with_timeout` (argv list, wall-clock limit, kills the whole process group on expiry),
+* Thin I/O: :func:`run_with_timeout` (``module.run_command`` of an argv list under a wall-clock limit),
   :func:`read_gpus_nvidia_smi`, :func:`read_gpus_nvml`, and :func:`read_gpus` / :func:`query_gpus`, the
   entry points other modules use.
 
@@ -16,15 +16,14 @@ Every GPU is a dict with the keys ``index``, ``uuid``, ``name``, ``memory_total_
 ``compute_processes`` (a list of ``{pid, name, used_mib}``; ``used_mib`` is ``None`` where not reported).
 
 nvidia-smi can hang (a wedged driver, a GPU fallen off the bus), so it always runs with a timeout. Ansible's
-``module.run_command`` has none, hence :func:`run_with_timeout`.
+``module.run_command`` has none, hence :func:`run_with_timeout`, which runs it there under coreutils ``timeout``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -250,52 +249,78 @@ def classify_nvml_error(err: Exception) -> GpuQueryError:
 # --------------------------------------------------------------------------------------------- I/O
 
 
-def run_with_timeout(argv: list[str], timeout: float, limit: float | None = None) -> tuple[int, str, str]:
-    """Run ``argv`` (a list, never a shell string) and return ``(rc, stdout, stderr)``.
+# Seconds between the SIGTERM at the time limit and the SIGKILL to a command that is still there.
+KILL_AFTER_S = 5
 
-    The child runs in its own session; when ``timeout`` seconds pass, the whole process group is killed
-    (SIGKILL) and :class:`GpuQueryError` (kind ``timeout``) is raised. A missing executable is kind ``no_gpu``.
+
+def run_with_timeout(module, argv: list[str], timeout: float, limit: float | None = None) -> tuple[int, str, str]:
+    """Run ``argv`` (a list, never a shell string) with ``module.run_command``; return ``(rc, stdout, stderr)``.
+
+    ``run_command`` has no time limit, so the command runs under coreutils ``timeout``, which starts it in a process
+    group of its own and, when ``timeout`` seconds pass, sends the group SIGTERM, then SIGKILL ``KILL_AFTER_S`` s
+    later (``timeout`` itself goes with that SIGKILL, so ``run_command`` returns even when nvidia-smi sleeps in
+    the kernel and cannot die). Where the host has no ``timeout``, a timer thread SIGKILLs the command itself at the
+    limit. Either way :class:`GpuQueryError` (kind ``timeout``) is raised. A missing executable is kind ``no_gpu``.
     ``limit`` is the limit the message names (the user's ``timeout`` option when several calls share one
     deadline and ``timeout`` is only what is left of it); it defaults to ``timeout``.
     """
     if isinstance(argv, str):
         raise TypeError("run_with_timeout takes an argv list, not a shell string")
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
-        )
-    except FileNotFoundError as err:
+    path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
+    if path is None or not os.path.exists(path):
         raise GpuQueryError(
-            f"no NVIDIA GPU: {argv[0]} was not found ({err.strerror}). Install the NVIDIA driver or point the "
-            "nvidia_smi option at the binary.",
+            f"no NVIDIA GPU: {argv[0]} was not found. Install the NVIDIA driver or point the nvidia_smi option at "
+            "the binary.",
             kind="no_gpu",
-        ) from err
-    except PermissionError as err:
-        raise GpuQueryError(f"{argv[0]} cannot be executed: {err.strerror}", kind="other") from err
+        )
+    if not os.access(path, os.X_OK):
+        raise GpuQueryError(f"{argv[0]} cannot be executed: permission denied", kind="other")
+    timeout_bin = module.get_bin_path("timeout")
+    killed: list[bool] = []
+    timers: list[threading.Timer] = []
+
+    def watchdog(proc) -> None:  # only where the host has no `timeout`
+        def expire() -> None:
+            if proc.poll() is None:
+                killed.append(True)
+                proc.kill()
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    if timeout_bin:
+        cmd = [timeout_bin, "-k", str(KILL_AFTER_S), f"{max(timeout, 0.001):.3f}", path, *argv[1:]]
+    else:
+        cmd = [path, *argv[1:]]
+    start = time.monotonic()
     try:
-        out, err_text = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group this call created, nothing else
-        except ProcessLookupError:
-            pass
-        try:
-            proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a child that escaped its group keeps the pipe
-            pass
+        rc, out, err = module.run_command(
+            cmd,
+            environ_update={"LC_ALL": "C", "LANG": "C"},
+            expand_user_and_vars=False,
+            errors="replace",
+            before_communicate_callback=None if timeout_bin else watchdog,
+            handle_exceptions=False,
+        )
+    except OSError as exc:
+        raise GpuQueryError(f"{argv[0]} cannot be executed: {exc.strerror}", kind="other") from exc
+    finally:
+        for timer in timers:
+            timer.cancel()
+    # timeout(1) exits 124 when the command timed out and went with SIGTERM; it is itself SIGKILLed (rc -9) with a
+    # command that outlived the SIGTERM.
+    timed_out = rc == 124 or (rc in (-9, 137) and time.monotonic() - start >= timeout)
+    if killed or (timeout_bin and timed_out):
         named = timeout if limit is None else limit
         raise GpuQueryError(
             f"{' '.join(argv[:2])} did not answer within {named:g} s and was killed. nvidia-smi hangs when the "
             "driver is wedged or a GPU has fallen off the bus: check `dmesg` for Xid errors; raise the timeout "
             "option only if the host is merely slow.",
             kind="timeout",
-        ) from None
-    return proc.returncode, out.decode("utf-8", "replace"), err_text.decode("utf-8", "replace")
+        )
+    return rc, out, err
 
 
 def resolve_nvidia_smi(module, nvidia_smi: str) -> str | None:
@@ -322,7 +347,7 @@ def read_gpus_nvidia_smi(module, nvidia_smi: str = "nvidia-smi", timeout: float 
 
     def run(args: tuple[str, ...]) -> str:
         left = max(deadline - time.monotonic(), 0.1)
-        rc, out, err = run_with_timeout([path, *args], left, limit=timeout)
+        rc, out, err = run_with_timeout(module, [path, *args], left, limit=timeout)
         if rc != 0:
             raise classify_failure(rc, out, err, argv0=nvidia_smi)
         low = out.lower()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pynvml  # nvidia-ml-py, installed in .venv: the NVML tests use its real error classes
 import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.testing import patch_module_args
 from ansible_collections.specdec.pivot.plugins.module_utils import _nvidia
 from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
     GpuQueryError,
@@ -294,30 +296,69 @@ def test_classify_nvml_error_with_real_pynvml_errors(code, kind):
 # --------------------------------------------------------------------------------------------- runner
 
 
-def test_run_with_timeout_returns_rc_and_both_streams():
+@pytest.fixture
+def module():
+    """A real AnsibleModule (no options): the runner and readers call its run_command and get_bin_path."""
+    with patch_module_args({}):
+        return AnsibleModule(argument_spec={})
+
+
+@pytest.fixture(params=["coreutils timeout", "timer thread"])
+def runner_module(request, module, monkeypatch):
+    """The module as the runner sees it on a host with coreutils ``timeout`` and on one without."""
+    if request.param == "timer thread":
+        real = module.get_bin_path
+        monkeypatch.setattr(
+            module, "get_bin_path", lambda arg, *a, **kw: None if arg == "timeout" else real(arg, *a, **kw)
+        )
+    else:
+        assert module.get_bin_path("timeout"), "coreutils timeout is not on PATH"
+    return module
+
+
+def test_run_with_timeout_returns_rc_and_both_streams(runner_module):
     rc, out, err = run_with_timeout(
-        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"], 30
+        runner_module,
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+        30,
     )
     assert (rc, out, err) == (3, "out\n", "err\n")
 
 
-def test_run_with_timeout_refuses_a_shell_string():
+def test_run_with_timeout_refuses_a_shell_string(module):
     with pytest.raises(TypeError):
-        run_with_timeout("nvidia-smi -L", 5)
+        run_with_timeout(module, "nvidia-smi -L", 5)
 
 
-def test_run_with_timeout_missing_executable_is_no_gpu(tmp_path):
+def test_run_with_timeout_missing_executable_is_no_gpu(tmp_path, module):
     with pytest.raises(GpuQueryError) as info:
-        run_with_timeout([str(tmp_path / "nvidia-smi")], 5)
+        run_with_timeout(module, [str(tmp_path / "nvidia-smi")], 5)
     assert info.value.kind == "no_gpu"
 
 
-def test_hung_nvidia_smi_is_killed_and_reported_as_timeout(tmp_path, monkeypatch):
+def test_run_with_timeout_not_executable_is_other(tmp_path, module):
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    with pytest.raises(GpuQueryError) as info:
+        run_with_timeout(module, [str(script)], 5)
+    assert info.value.kind == "other"
+
+
+def test_run_with_timeout_does_not_expand_variables_in_arguments(module, monkeypatch):
+    monkeypatch.setenv("SPECDEC_SHOULD_NOT_EXPAND", "expanded")
+    rc, out, err = run_with_timeout(
+        module, [sys.executable, "-c", "import sys; print(sys.argv[1])", "$SPECDEC_SHOULD_NOT_EXPAND"], 30
+    )
+    assert (rc, out, err) == (0, "$SPECDEC_SHOULD_NOT_EXPAND\n", "")
+
+
+def test_hung_nvidia_smi_is_killed_and_reported_as_timeout(tmp_path, monkeypatch, runner_module):
     pidfile = tmp_path / "pids"
     monkeypatch.setenv("NVIDIA_SMI_STANDIN_MODE", "hang")
     monkeypatch.setenv("NVIDIA_SMI_STANDIN_PIDFILE", str(pidfile))
     with pytest.raises(GpuQueryError) as info:
-        run_with_timeout([sys.executable, str(STAND_IN), "-L"], 1.0)
+        run_with_timeout(runner_module, [sys.executable, str(STAND_IN), "-L"], 1.0)
     assert info.value.kind == "timeout"
     assert "did not answer within 1 s" in str(info.value)
     pid = int(pidfile.read_text().split()[0])
@@ -325,13 +366,23 @@ def test_hung_nvidia_smi_is_killed_and_reported_as_timeout(tmp_path, monkeypatch
         os.kill(pid, 0)  # killed and reaped, not left behind
 
 
-def test_timeout_message_names_the_users_limit_not_what_was_left_of_a_shared_deadline(tmp_path, monkeypatch):
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(module):
+    """coreutils timeout SIGKILLs its group (itself included) KILL_AFTER_S s after the SIGTERM: still a timeout."""
+    ignores_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    )
+    with pytest.raises(GpuQueryError) as info:
+        run_with_timeout(module, [sys.executable, "-c", ignores_term], 0.5)
+    assert info.value.kind == "timeout"
+
+
+def test_timeout_message_names_the_users_limit_not_what_was_left_of_a_shared_deadline(tmp_path, monkeypatch, module):
     """The second of two queries sharing one deadline gets only the leftover (here 0.4 s of the option's 3 s);
     the message must name the option's value, which the user can raise, not the leftover (CI saw '1.99985 s')."""
     monkeypatch.setenv("NVIDIA_SMI_STANDIN_MODE", "hang")
     monkeypatch.setenv("NVIDIA_SMI_STANDIN_PIDFILE", str(tmp_path / "pids"))
     with pytest.raises(GpuQueryError) as info:
-        run_with_timeout([sys.executable, str(STAND_IN), "-L"], 0.4, limit=3)
+        run_with_timeout(module, [sys.executable, str(STAND_IN), "-L"], 0.4, limit=3)
     assert "did not answer within 3 s" in str(info.value)
     assert "0.4" not in str(info.value)
 
@@ -360,40 +411,40 @@ def standin_on_path(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_read_gpus_nvidia_smi_through_the_stand_in(standin_on_path, recording):
+def test_read_gpus_nvidia_smi_through_the_stand_in(standin_on_path, recording, module):
     standin_on_path(recording)
-    assert read_gpus_nvidia_smi(None, "nvidia-smi", 30) == recorded_gpus(recording)
+    assert read_gpus_nvidia_smi(module, "nvidia-smi", 30) == recorded_gpus(recording)
 
 
 @pytest.mark.parametrize(
     ("mode", "kind"),
     [("no-devices", "no_devices"), ("driver-mismatch", "driver_mismatch"), ("no-driver", "no_gpu")],
 )
-def test_read_gpus_nvidia_smi_error_modes(standin_on_path, mode, kind):
+def test_read_gpus_nvidia_smi_error_modes(standin_on_path, mode, kind, module):
     standin_on_path(FIX / "h200" / "idle", mode)
     with pytest.raises(GpuQueryError) as info:
-        read_gpus_nvidia_smi(None, "nvidia-smi", 30)
+        read_gpus_nvidia_smi(module, "nvidia-smi", 30)
     assert info.value.kind == kind
 
 
-def test_read_gpus_without_nvidia_smi_is_no_gpu(tmp_path):
+def test_read_gpus_without_nvidia_smi_is_no_gpu(tmp_path, module):
     with pytest.raises(GpuQueryError) as info:
-        read_gpus_nvidia_smi(None, str(tmp_path / "absent" / "nvidia-smi"), 5)
+        read_gpus_nvidia_smi(module, str(tmp_path / "absent" / "nvidia-smi"), 5)
     assert info.value.kind == "no_gpu"
     assert "no NVIDIA GPU" in str(info.value)
 
 
-def test_auto_backend_falls_back_to_nvidia_smi_when_nvml_cannot_init(standin_on_path):
+def test_auto_backend_falls_back_to_nvidia_smi_when_nvml_cannot_init(standin_on_path, module):
     """pynvml is importable in .venv but this machine has no NVIDIA driver, so nvmlInit fails for real."""
     assert _nvidia.HAS_PYNVML
     with pytest.raises(pynvml.NVMLError):
         pynvml.nvmlInit()
     standin_on_path(FIX / "h200x2" / "busy")
-    result = query_gpus(None, "nvidia-smi", 30, backend="auto")
+    result = query_gpus(module, "nvidia-smi", 30, backend="auto")
     assert result.backend_used == "nvidia-smi"
     assert result.gpus == recorded_gpus(FIX / "h200x2" / "busy")
     assert any("NVML not used" in note and "fell back to nvidia-smi" in note for note in result.notes)
-    assert read_gpus(None, "nvidia-smi", 30) == result.gpus
+    assert read_gpus(module, "nvidia-smi", 30) == result.gpus
 
 
 def test_nvml_backend_reports_the_real_init_failure(standin_on_path):

@@ -667,8 +667,11 @@ while True:
 )
 def test_gpu_release_with_a_real_cuda_process(tmp_path):
     """On a GPU host: a real process holding CUDA memory is halted and the GPU is seen to release it."""
+    from ansible.module_utils.basic import AnsibleModule
     from ansible_collections.specdec.pivot.plugins.module_utils import _nvidia
 
+    with patch_module_args({}):
+        module = AnsibleModule(argument_spec={})  # read_gpus runs nvidia-smi through its run_command
     token = f"tpmod{uuid.uuid4().hex[:12]}"
     holder = subprocess.Popen([sys.executable, "-c", CUDA_HOLDER, token], stdout=subprocess.PIPE, text=True)
     try:
@@ -676,7 +679,7 @@ def test_gpu_release_with_a_real_cuda_process(tmp_path):
         if first == "no-cuda":
             pytest.skip("torch sees no CUDA device")
         assert first == "ready"
-        listed = _procs_on_gpu(_nvidia.read_gpus(None), holder.pid)
+        listed = _procs_on_gpu(_nvidia.read_gpus(module), holder.pid)
         if not listed:
             pytest.skip("the driver does not list this pid (a container with its own pid namespace)")
         result = run_module(
@@ -692,7 +695,7 @@ def test_gpu_release_with_a_real_cuda_process(tmp_path):
         assert result.get("failed") is not True, result["msg"]
         assert result["pids"] == [holder.pid]
         assert result["gpu"]["checked"] is True and result["gpu"]["released"] is True
-        assert not _procs_on_gpu(_nvidia.read_gpus(None), holder.pid)
+        assert not _procs_on_gpu(_nvidia.read_gpus(module), holder.pid)
     finally:
         if holder.poll() is None:
             holder.kill()
