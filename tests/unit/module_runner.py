@@ -25,15 +25,17 @@ def invoke_module(
     diff: bool = False,
     cwd: Path | None = None,
     timeout: float = 180,
+    python: str | Path | None = None,
 ) -> dict:
     """Run ``specdec.pivot.<short>`` with ``args`` in a new Python process; return its JSON result.
 
     The arguments go in as Ansible sends them (``ANSIBLE_MODULE_ARGS`` on stdin, with the check/diff flags).
-    Fails the test when the module prints no JSON, or when its exit status disagrees with ``failed``.
+    Fails the test when the module prints no JSON, or when its exit status disagrees with ``failed``. ``python``:
+    the interpreter that runs the module (default: this one), as ``ansible_python_interpreter`` picks it.
     """
     payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}}
     proc = subprocess.run(
-        [sys.executable, "-m", module_name(short)],
+        [str(python or sys.executable), "-m", module_name(short)],
         input=json.dumps(payload),
         env=env,
         cwd=cwd,

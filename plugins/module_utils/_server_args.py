@@ -1,0 +1,129 @@
+# Private module_utils for specdec.pivot: a server command line checked with SGLang's own argument parser.
+"""Would SGLang's own parser accept this server command line? Run in the SGLang interpreter (read-only).
+
+:func:`check_server_args` does what ``sglang.launch_server`` does before it builds ServerArgs:
+``sglang.srt.plugins.load_plugins()``, ``ServerArgs.add_cli_args`` on an argparse parser, ``parse_args``; then
+resolves ``--speculative-algorithm`` with ``SpeculativeAlgorithm.from_string`` when that name is registered
+(before the plugin is installed DDTREE is not; that is checked after the install instead). Nothing starts, no
+model is read, no GPU is touched. SGLang is reached through :class:`SGLangHooks` so the decisions are tested with
+a stand-in parser as well as with the real SGLang. Keeps to Python 3.8 (it runs in the unit's interpreter).
+
+The module does not import SGLang in its own process: AnsibleModule (ansible-core 2.19) replaces ``sys.intern``
+with an object torch's dynamo refuses (``substitute_in_graph expects a function``), so ``import sglang`` fails
+there. It runs this file's source as ``<its own interpreter> -c SOURCE WORDS_JSON`` (:func:`child_source`), a
+clean process of the same interpreter with the same environment, which prints one line ``MARKER{json}``
+(:func:`main`); :func:`parse_output` reads it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+
+#: The line prefix of the verdict on the child's stdout.
+MARKER = "SPECDEC_SERVER_ARGS_JSON:"
+
+
+class ParseError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing the usage and exiting 2."""
+
+    def error(self, message: str):
+        raise ParseError(message)
+
+
+class SGLangHooks:
+    """The three things taken from SGLang; each may raise (ImportError or anything else)."""
+
+    def load_plugins(self) -> None:
+        try:
+            from sglang.srt.plugins import load_plugins
+        except ImportError:
+            return  # an SGLang without the plugin API: the parser still decides about the flags
+        load_plugins()
+
+    def server_args_class(self):
+        from sglang.srt.server_args import ServerArgs
+
+        return ServerArgs
+
+    def resolve_algorithm(self, name: str) -> str:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        resolved = SpeculativeAlgorithm.from_string(name)
+        return str(getattr(resolved, "name", resolved))
+
+
+def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dict:
+    """The verdict on ``words`` (the server's words from the first ``--flag`` on).
+
+    Keys: ``checked`` (false when SGLang's parser cannot be imported here; ``reason`` says why), ``ok`` (None when
+    not checked), ``error`` (argparse's message when refused), ``reason``, ``algorithm`` (the parsed
+    ``--speculative-algorithm``), ``algorithm_resolved`` (its registered name, or None with ``reason``). What
+    SGLang prints while importing and parsing is swallowed; the caller's stdout stays clean.
+    """
+    hooks = hooks or SGLangHooks()
+    words = [str(w) for w in words]
+    out = {"checked": False, "ok": None, "error": "", "reason": "", "algorithm": None, "algorithm_resolved": None}
+    noise = io.StringIO()
+    with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
+        try:
+            hooks.load_plugins()
+            server_args = hooks.server_args_class()
+        except Exception as exc:  # any import failure: say so, do not guess
+            out["reason"] = f"cannot import SGLang's server args here ({type(exc).__name__}: {exc})"
+            return out
+        out["checked"] = True
+        parser = Parser(prog="sglang.launch_server", add_help=False)
+        server_args.add_cli_args(parser)
+        try:
+            args = parser.parse_args(words)
+        except ParseError as exc:
+            out.update(ok=False, error=str(exc))
+            return out
+        algorithm = getattr(args, "speculative_algorithm", None)
+        out.update(ok=True, algorithm=algorithm)
+        if algorithm:
+            try:
+                out["algorithm_resolved"] = hooks.resolve_algorithm(algorithm)
+            except Exception as exc:  # not registered (yet): reported, not decided here
+                out["reason"] = f"--speculative-algorithm {algorithm} does not resolve here yet ({exc})"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """``-c SOURCE WORDS_JSON``: print ``MARKER{verdict}`` on its own line; exit 0 whatever the verdict."""
+    words = json.loads(argv[1])
+    verdict = check_server_args(words)
+    sys.stdout.write("\n" + MARKER + json.dumps(verdict) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def child_source() -> str:
+    """This file's source plus the call of :func:`main`, for ``python -c`` (from a zip too, as AnsiballZ ships it)."""
+    spec = globals().get("__spec__")
+    loader = getattr(spec, "loader", None) or globals().get("__loader__")
+    source = loader.get_source(__name__) if loader is not None else None
+    if source is None:
+        with open(__file__, encoding="utf-8") as f:
+            source = f.read()
+    return source + "\n\nif __name__ == '__main__':\n    sys.exit(main(sys.argv))\n"
+
+
+def parse_output(stdout: str) -> dict | None:
+    """The verdict from the child's stdout (its last MARKER line), or None when there is none."""
+    for line in reversed((stdout or "").splitlines()):
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER) :])
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None

@@ -1,0 +1,199 @@
+#!/usr/bin/python
+# Copyright: specdec.pivot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: python_distribution
+short_description: Report whether a Python distribution is installed, and whether it holds a wheel's exact files
+version_added: "0.1.0"
+description:
+  - Reports whether the distribution O(name) is installed in B(the Python interpreter this module runs in), its
+    version and its C(direct_url.json), read with C(importlib.metadata).
+  - With O(wheel), also compares the sha256 of every file the wheel's C(*.dist-info/RECORD) lists with the
+    installed distribution's RECORD, so a rebuilt wheel with the same version but other bytes counts as different
+    and an unchanged one as the same (pip does not always record the archive's hash in C(direct_url.json)).
+    C(RECORD), C(INSTALLER), C(REQUESTED), C(direct_url.json) and C(.pyc) files are not compared; they are
+    written by the installer.
+  - To inspect another environment's interpreter (the one a systemd unit runs, say), run the module with that
+    interpreter - set C(ansible_python_interpreter) on the task (see the examples). The module never starts
+    another interpreter; RV(python) says which one it inspected.
+  - Read-only. A distribution that is not installed is a result (RV(installed=false)), not a failure.
+author:
+  - specdec.pivot maintainers (@specdec)
+requirements:
+  - Python 3.8 or later (the interpreter under inspection runs the module).
+options:
+  name:
+    description:
+      - The distribution's name as pip knows it, for example C(sglang-ddtree).
+    type: str
+    required: true
+  wheel:
+    description:
+      - Path on the target of a wheel (C(.whl)) to compare the installed files with.
+      - Without it RV(same_content) is false and RV(differing) holds one entry saying that no wheel was given.
+      - Read only when the distribution is installed (there is nothing to compare it with otherwise).
+    type: path
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Read-only; check mode reads and returns the same data.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+    details:
+      - Nothing changes, so there is no diff.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+seealso:
+  - module: specdec.pivot.sglang_capabilities
+"""
+
+EXAMPLES = r"""
+- name: Is this wheel's content installed in the SGLang unit's interpreter?
+  specdec.pivot.python_distribution:
+    name: sglang-ddtree
+    wheel: /var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl
+  vars:
+    ansible_python_interpreter: /opt/sglang/venv/bin/python
+  register: plugin_state
+
+- name: Install only when the version or the bytes differ
+  ansible.builtin.debug:
+    msg: "needs install: {{ not plugin_state.installed or not plugin_state.same_content }}"
+
+- name: Which version is installed there now?
+  specdec.pivot.python_distribution:
+    name: sglang-ddtree
+  vars:
+    ansible_python_interpreter: /opt/sglang/venv/bin/python
+  register: plugin_now
+"""
+
+RETURN = r"""
+msg:
+  description: One line summing up the result.
+  returned: always
+  type: str
+  sample: "sglang-ddtree 0.1.0 in /opt/sglang/venv/bin/python: the wheel's files are installed as built"
+python:
+  description: The interpreter that was inspected (C(sys.executable) of the module's process).
+  returned: always
+  type: str
+  sample: /opt/sglang/venv/bin/python
+installed:
+  description: Whether the distribution is installed in that interpreter.
+  returned: always
+  type: bool
+version:
+  description: Its version from the distribution metadata, or null when it is not installed.
+  returned: always
+  type: str
+  sample: 0.1.0
+same_content:
+  description:
+    - Whether every file the wheel's RECORD lists is installed with the same sha256 (false when not installed or
+      no O(wheel) was given).
+  returned: always
+  type: bool
+differing:
+  description:
+    - The wheel's files whose hash the installed RECORD does not have (changed or missing), sorted, at most 20;
+      one entry saying that no wheel was given without O(wheel); empty when not installed.
+  returned: always
+  type: list
+  elements: str
+  sample: [sglang_ddtree/worker.py]
+direct_url:
+  description: The distribution's C(direct_url.json) (PEP 610) as a mapping, or null.
+  returned: always
+  type: dict
+  sample: {url: "file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl", archive_info: {}}
+"""
+
+import json
+import os
+import sys
+import zipfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.specdec.pivot.plugins.module_utils._wheel_record import distribution_state, find_record_name
+
+try:
+    from importlib import metadata
+except ImportError:  # Python < 3.8: the requirements say 3.8+; fail with that, not a traceback
+    metadata = None
+
+ARGUMENT_SPEC = {
+    "name": {"type": "str", "required": True},
+    "wheel": {"type": "path"},
+}
+
+
+class InspectError(Exception):
+    """A failure to report with fail_json; the message names the option and the fix."""
+
+
+def read_wheel_record(wheel: str) -> str:
+    if not os.path.isfile(wheel):
+        raise InspectError(f"wheel={wheel} is not a file on the target; copy the wheel there first")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            record = find_record_name(zf.namelist())
+            if record is None:
+                raise InspectError(f"wheel={wheel} has no *.dist-info/RECORD: not a wheel built by pip/build")
+            return zf.read(record).decode("utf-8")
+    except zipfile.BadZipFile as exc:
+        raise InspectError(f"wheel={wheel} is not a zip archive ({exc}): not a wheel") from exc
+
+
+def inspect(name: str, wheel: str | None) -> dict:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return distribution_state(None, None, None)  # nothing to compare the wheel with
+    wheel_record = read_wheel_record(wheel) if wheel else None
+    direct_url_text = dist.read_text("direct_url.json")
+    try:
+        direct_url = json.loads(direct_url_text) if direct_url_text else None
+    except ValueError:
+        direct_url = None  # an unreadable direct_url.json says nothing about where it came from
+    return distribution_state(dist.version, dist.read_text("RECORD"), wheel_record, direct_url)
+
+
+def summary_message(name: str, r: dict, wheel: str | None) -> str:
+    where = f"in {r['python']}"
+    if not r["installed"]:
+        return f"{name} is not installed {where}"
+    head = f"{name} {r['version']} {where}"
+    if not wheel:
+        return head
+    if r["same_content"]:
+        return f"{head}: the wheel's files are installed as built"
+    return f"{head}: differs from the wheel ({', '.join(r['differing'][:5])})"
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    name, wheel = module.params["name"], module.params["wheel"]
+    result: dict = {"changed": False, "python": sys.executable}
+    if metadata is None:
+        module.fail_json(msg=f"{sys.executable} is Python {sys.version.split()[0]}; this module needs 3.8+", **result)
+    try:
+        result.update(inspect(name, wheel))
+    except InspectError as exc:
+        module.fail_json(msg=str(exc), **result)
+    result["msg"] = summary_message(name, result, wheel)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

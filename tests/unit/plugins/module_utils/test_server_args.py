@@ -1,0 +1,155 @@
+"""Tables for check_server_args (behind specdec.pivot.sglang_server_args) with a stand-in for SGLang's parser.
+
+The stand-in's ``add_cli_args`` declares a few of ServerArgs' options the way SGLang does (argparse, typed); the
+real SGLang is asked in tests/unit/plugins/modules/test_sglang_server_args.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from ansible_collections.specdec.pivot.plugins.module_utils import _server_args as sa
+
+REGISTERED = {"EAGLE": "EAGLE", "NEXTN": "EAGLE", "DFLASH": "DFLASH"}  # NEXTN is an alias of EAGLE in SGLang
+
+
+class StandInServerArgs:
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        print("SGLang prints things while it sets up")  # must not reach the module's stdout
+        parser.add_argument("--model-path", type=str, required=True)
+        parser.add_argument("--port", type=int, default=30000)
+        parser.add_argument("--speculative-algorithm", type=str)
+        parser.add_argument("--speculative-num-draft-tokens", type=int)
+        parser.add_argument("--enable-metrics", action="store_true")
+
+
+class StandInHooks(sa.SGLangHooks):
+    def __init__(self, registered=None, fail_import: Exception | None = None, fail_plugins: Exception | None = None):
+        self.registered = REGISTERED if registered is None else registered
+        self.fail_import, self.fail_plugins = fail_import, fail_plugins
+
+    def load_plugins(self) -> None:
+        print("plugin loaded")
+        if self.fail_plugins:
+            raise self.fail_plugins
+
+    def server_args_class(self):
+        if self.fail_import:
+            raise self.fail_import
+        return StandInServerArgs
+
+    def resolve_algorithm(self, name: str) -> str:
+        if name not in self.registered:
+            raise ValueError(f"Unknown speculative algorithm name: {name}")
+        return self.registered[name]
+
+
+BASE = ["--model-path", "/models/t"]
+
+
+@pytest.mark.parametrize(
+    ("words", "hooks", "expected"),
+    [
+        (BASE, {}, {"checked": True, "ok": True, "algorithm": None, "algorithm_resolved": None}),
+        (
+            [*BASE, "--speculative-algorithm", "NEXTN", "--enable-metrics", "--port", 30001],  # an int word
+            {},
+            {"checked": True, "ok": True, "algorithm": "NEXTN", "algorithm_resolved": "EAGLE", "reason": ""},
+        ),
+        (
+            [*BASE, "--speculative-algorithm", "DDTREE"],  # before the plugin is installed: reported, not refused
+            {},
+            {"ok": True, "algorithm": "DDTREE", "algorithm_resolved": None,
+             "reason": "--speculative-algorithm DDTREE does not resolve here yet "
+                       "(Unknown speculative algorithm name: DDTREE)"},
+        ),
+        (
+            [*BASE, "--speculative-algorithm", "DDTREE"],
+            {"registered": {**REGISTERED, "DDTREE": "DDTREE"}},
+            {"ok": True, "algorithm_resolved": "DDTREE", "reason": ""},
+        ),
+        (
+            [*BASE, "--speculative-budget", "16"],
+            {},
+            {"checked": True, "ok": False, "error": "unrecognized arguments: --speculative-budget 16"},
+        ),
+        (
+            [*BASE, "--port", "http"],
+            {},
+            {"ok": False, "error": "argument --port: invalid int value: 'http'"},
+        ),
+        (
+            [*BASE, "--speculative-num-draft-tokens"],
+            {},
+            {"ok": False, "error": "argument --speculative-num-draft-tokens: expected one argument"},
+        ),
+        (["--port", "1"], {}, {"ok": False, "error": "the following arguments are required: --model-path"}),
+        (
+            BASE,
+            {"fail_import": ModuleNotFoundError("No module named 'sglang'")},
+            {"checked": False, "ok": None, "error": "",
+             "reason": "cannot import SGLang's server args here (ModuleNotFoundError: No module named 'sglang')"},
+        ),
+        (
+            BASE,
+            {"fail_plugins": RuntimeError("plugin boom")},  # a plugin that breaks SGLang's import: not guessed
+            {"checked": False, "ok": None,
+             "reason": "cannot import SGLang's server args here (RuntimeError: plugin boom)"},
+        ),
+    ],
+    ids=["plain", "alias-resolves", "unregistered", "registered", "unknown-flag", "bad-int", "missing-value",
+         "missing-required", "no-sglang", "plugin-fails"],
+)
+def test_check_server_args(capsys, words, hooks, expected):
+    out = sa.check_server_args(words, StandInHooks(**hooks))
+    assert set(out) == {"checked", "ok", "error", "reason", "algorithm", "algorithm_resolved"}
+    assert {k: out[k] for k in expected} == expected
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "")  # SGLang's noise is swallowed
+
+
+def test_sglang_without_the_plugin_api_still_parses(monkeypatch):
+    """SGLang < 0.5.11 has no sglang.srt.plugins: load_plugins is skipped, the parser still decides."""
+
+    class OldSGLang(StandInHooks):
+        def load_plugins(self) -> None:
+            sa.SGLangHooks.load_plugins(self)  # the real hook: the import fails with ImportError and is skipped
+
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_plugins(name, *args, **kwargs):
+        if name == "sglang.srt.plugins":
+            raise ImportError("No module named 'sglang.srt.plugins'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_plugins)
+    out = sa.check_server_args([*BASE, "--speculative-algorithm", "EAGLE"], OldSGLang())
+    assert (out["checked"], out["ok"], out["algorithm_resolved"]) == (True, True, "EAGLE")
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        (sa.MARKER + '{"checked": true, "ok": true}\n', {"checked": True, "ok": True}),
+        ("torch C++ warning\n" + sa.MARKER + '{"ok": false}\nan atexit line\n', {"ok": False}),  # noise around
+        (sa.MARKER + '{"ok": 1}\n' + sa.MARKER + '{"ok": 2}\n', {"ok": 2}),  # the last one wins
+        (sa.MARKER + "{not json\n", None),
+        (sa.MARKER + "[1, 2]\n", None),
+        ("Traceback (most recent call last):\n", None),
+        ("", None),
+    ],
+    ids=["clean", "noise", "last", "bad-json", "not-a-dict", "no-marker", "empty"],
+)
+def test_parse_output(stdout, expected):
+    assert sa.parse_output(stdout) == expected
+
+
+def test_child_source_is_this_file_plus_its_main():
+    src = sa.child_source()
+    assert src.startswith(open(sa.__file__, encoding="utf-8").read())
+    assert src.rstrip().endswith("sys.exit(main(sys.argv))")
+    compile(src, "<child>", "exec")  # `python -c` accepts it (the __future__ import stays first)
