@@ -8,7 +8,7 @@ name: progress
 type: stdout
 short_description: the default output, with long waits shown as progress instead of "FAILED - RETRYING"
 version_added: 0.1.0
-author: specdec.pivot contributors
+author: specdec.pivot maintainers (@specdec)
 description:
   - ansible.builtin.default's output, unchanged, except for the lines a task with C(until)/C(retries) prints while
     it polls (an C(ansible.builtin.async_status) poll of a background job, for example).

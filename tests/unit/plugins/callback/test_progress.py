@@ -114,10 +114,10 @@ def test_no_failed_or_retrying_wording() -> None:
     for attempt in range(1, 6):
         clock.now += 1.3
         cb.v2_runner_retry(Result(host, task, attempts=attempt, retries=961))
-    text = "\n".join(line for line, _ in display.lines)
+    text = "\n".join(line for line, _color in display.lines)
     assert len(display.lines) == 5
     assert "FAILED" not in text.upper() and "RETRYING" not in text.upper() and "retries left" not in text
-    assert [line.split(" - ")[-1] for line, _ in display.lines] == [
+    assert [line.split(" - ")[-1] for line, _color in display.lines] == [
         f"{s} s so far, limit 960 s (poll {n} of 961)" for n, s in ((1, 1), (2, 3), (3, 4), (4, 5), (5, 6))]
 
 
@@ -131,7 +131,7 @@ def test_the_time_is_per_host_from_that_hosts_task_start() -> None:
     clock.now += 2
     cb.v2_runner_retry(Result(a, task, attempts=21, retries=31))
     cb.v2_runner_retry(Result(b, task, attempts=1, retries=31))
-    assert [line for line, _ in display.lines] == [
+    assert [line for line, _color in display.lines] == [
         "waiting [pro6000]: Wait for /health on the host - 42 s so far, limit 60 s (poll 21 of 31)",
         "waiting [fleet-b]: Wait for /health on the host - 2 s so far, limit 60 s (poll 1 of 31)",
     ]
@@ -144,7 +144,7 @@ def test_polls_are_shown_at_most_every_interval_the_first_always() -> None:
     for attempt in range(1, 13):  # a poll every 2 s: shown at 2 s, 12 s, 22 s
         clock.now += 2
         cb.v2_runner_retry(Result(host, task, attempts=attempt, retries=61))
-    assert [line.split(" - ")[-1] for line, _ in display.lines] == [
+    assert [line.split(" - ")[-1] for line, _color in display.lines] == [
         "2 s so far, limit 120 s (poll 1 of 61)",
         "12 s so far, limit 120 s (poll 6 of 61)",
         "22 s so far, limit 120 s (poll 11 of 61)",
@@ -184,7 +184,7 @@ def test_without_a_task_start_the_wait_is_timed_from_its_first_poll() -> None:
     cb.v2_runner_retry(Result(host, task, attempts=1, retries=5))
     clock.now += 3.4
     cb.v2_runner_retry(Result(host, task, attempts=2, retries=5))
-    assert [line.split(" - ")[-1] for line, _ in display.lines] == [
+    assert [line.split(" - ")[-1] for line, _color in display.lines] == [
         "0 s so far, limit 12 s (poll 1 of 5)", "3 s so far, limit 12 s (poll 2 of 5)"]
 
 
@@ -197,7 +197,7 @@ def test_another_tasks_start_is_not_this_waits_start() -> None:
     cb.v2_runner_retry(Result(host, wait, attempts=1, retries=5))
     clock.now += 1
     cb.v2_runner_retry(Result(host, wait, attempts=2, retries=5))
-    assert [line.split(" - ")[-1] for line, _ in display.lines] == [
+    assert [line.split(" - ")[-1] for line, _color in display.lines] == [
         "0 s so far, limit 4 s (poll 1 of 5)", "1 s so far, limit 4 s (poll 2 of 5)"]
 
 
