@@ -146,7 +146,6 @@ def test_a_bad_wheel_fails_naming_it(tmp_path, make, message):
     assert str(wheel) in r["msg"] and message in r["msg"]
 
 
-
 @pytest.mark.parametrize("venv", [".venv", ".venv-sglang-0.5.17"])
 def test_through_ansible_it_inspects_the_interpreter_it_runs_in(tmp_path, venv):
     """As the role runs it (AnsiballZ, ``ansible_python_interpreter``): .venv-sglang-0.5.17 sees .venv's
