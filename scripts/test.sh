@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything CI checks. Called by `make test` (the README's test command) after set-up.
 # Two groups run at the same time, each writing its own log that is printed when the group ends:
-#   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity, the
-#        molecule scenarios (containers of their own names and networks, not the lab's), then the fleet lab's
-#        tests (fleet-a/b/c + HAProxy: their own containers, network and lock; here, not in the lab group, so the
-#        two groups take about as long as each other)
+#   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity (on .venv's
+#        ansible-core, then on the oldest and newest cores: scripts/sanity-cores.sh), the molecule scenarios
+#        (containers of their own names and networks, not the lab's), then the fleet lab's tests (fleet-a/b/c +
+#        HAProxy: their own containers, network and lock; here, not in the lab group, so the two groups take about
+#        as long as each other)
 #   lab  the pivot's fault scenarios, the pivot from the installed collection, the lab's integration tests
 #        (the lab's containers ct200/pro6000, one user at a time through /tmp/specdec-lab.lock)
 # A group stops at its first failing stage; the other group goes on to its end. Any failure fails the run (exit 1)
@@ -76,6 +77,9 @@ cpu_group() {
 
   stage "ansible-doc, collection build, ansible-test sanity"
   bash scripts/sanity.sh
+
+  stage "ansible-test sanity on ansible-core 2.17 and 2.21"
+  bash scripts/sanity-cores.sh
 
   local dir scenario
   for dir in molecule/*/; do
