@@ -12,7 +12,8 @@ The module does not import SGLang in its own process: AnsibleModule (ansible-cor
 with an object torch's dynamo refuses (``substitute_in_graph expects a function``), so ``import sglang`` fails
 there. It runs this file's source as ``<its own interpreter> -c SOURCE WORDS_JSON`` (:func:`child_source`), a
 clean process of the same interpreter with the same environment, which prints one line ``MARKER{json}``
-(:func:`main`); :func:`parse_output` reads it back.
+(:func:`main`); the module reads it back with ``_sglang_probe.parse_probe_output(stdout, MARKER)`` (the
+same reader as the capabilities probe's; not imported here: this source runs where the collection is not).
 """
 
 from __future__ import annotations
@@ -115,15 +116,3 @@ def child_source() -> str:
         with open(__file__, encoding="utf-8") as f:
             source = f.read()
     return source + "\n\nif __name__ == '__main__':\n    sys.exit(main(sys.argv))\n"
-
-
-def parse_output(stdout: str) -> dict | None:
-    """The verdict from the child's stdout (its last MARKER line), or None when there is none."""
-    for line in reversed((stdout or "").splitlines()):
-        if line.startswith(MARKER):
-            try:
-                data = json.loads(line[len(MARKER) :])
-            except ValueError:
-                return None
-            return data if isinstance(data, dict) else None
-    return None

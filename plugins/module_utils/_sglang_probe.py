@@ -296,14 +296,15 @@ _out.flush()
 """
 
 
-def parse_probe_output(stdout: str) -> dict | None:
-    """The probe's JSON object from its stdout, or None when the marker line is missing/unreadable."""
+def parse_probe_output(stdout: str, marker: str = PROBE_MARKER) -> dict | None:
+    """The JSON object on a child's stdout: its last ``marker`` line (the SGLang probe's by default; the server-args
+    check's with ``_server_args.MARKER``), or None when that line is missing/unreadable."""
     import json
 
     for line in reversed((stdout or "").splitlines()):
-        if line.startswith(PROBE_MARKER):
+        if line.startswith(marker):
             try:
-                data = json.loads(line[len(PROBE_MARKER) :])
+                data = json.loads(line[len(marker) :])
             except ValueError:
                 return None
             return data if isinstance(data, dict) else None

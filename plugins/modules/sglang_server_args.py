@@ -120,7 +120,8 @@ import json
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.specdec.pivot.plugins.module_utils._server_args import child_source, parse_output
+from ansible_collections.specdec.pivot.plugins.module_utils._server_args import MARKER, child_source
+from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import parse_probe_output
 
 ARGUMENT_SPEC = {
     "args": {"type": "list", "elements": "str", "required": True},
@@ -145,7 +146,7 @@ def main() -> None:
     rc, out, err = module.run_command(
         [sys.executable, "-c", child_source(), json.dumps(module.params["args"])], expand_user_and_vars=False
     )
-    verdict = parse_output(out)
+    verdict = parse_probe_output(out, MARKER)
     if verdict is None:
         tail = " | ".join((err or out or "no output").strip().splitlines()[-3:])
         module.fail_json(msg=f"{sys.executable} did not run SGLang's parser check (rc={rc}): {tail}", **result)

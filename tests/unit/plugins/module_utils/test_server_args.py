@@ -10,6 +10,7 @@ import argparse
 
 import pytest
 from ansible_collections.specdec.pivot.plugins.module_utils import _server_args as sa
+from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import parse_probe_output
 
 REGISTERED = {"EAGLE": "EAGLE", "NEXTN": "EAGLE", "DFLASH": "DFLASH"}  # NEXTN is an alias of EAGLE in SGLang
 
@@ -145,7 +146,7 @@ def test_sglang_without_the_plugin_api_still_parses(monkeypatch):
     ids=["clean", "noise", "last", "bad-json", "not-a-dict", "no-marker", "empty"],
 )
 def test_parse_output(stdout, expected):
-    assert sa.parse_output(stdout) == expected
+    assert parse_probe_output(stdout, sa.MARKER) == expected
 
 
 def test_child_source_is_this_file_plus_its_main():
