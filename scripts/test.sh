@@ -146,6 +146,11 @@ for f in files:
     for suite in ET.parse(f).getroot().iter("testsuite"):
         for key in total:
             total[key] += int(suite.get(key, 0))
+    # Each failing test by name with its message's first line, so that a log's last lines say what failed.
+    for case in ET.parse(f).getroot().iter("testcase"):
+        for bad in list(case.findall("failure")) + list(case.findall("error")):
+            first = (bad.get("message") or bad.text or "").strip().splitlines()[:1]
+            print(f"FAILED {f.stem}: {case.get('classname')}::{case.get('name')}: {first[0][:300] if first else ''}")
 failed = total["failures"] + total["errors"]
 passed = total["tests"] - failed - total["skipped"]
 head = "all stages passed" if sys.argv[2] == "0" and failed == 0 else "SOME STAGES FAILED"
