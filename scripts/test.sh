@@ -3,7 +3,8 @@
 # Two groups run at the same time, each writing its own log that is printed when the group ends:
 #   cpu  lint, the collection's unit tests, sglang-ddtree against every supported SGLang release, sanity (on .venv's
 #        ansible-core, then on the oldest and newest cores: scripts/sanity-cores.sh), the molecule scenarios
-#        (containers of their own names and networks, not the lab's), then the fleet lab's tests (fleet-a/b/c +
+#        (containers of their own names and networks, not the lab's), the lab's training job and server stand-in on
+#        this machine (tests/integration/test_lab_host.py: no containers), then the fleet lab's tests (fleet-a/b/c +
 #        HAProxy: their own containers, network and lock; here, not in the lab group, so the two groups take about
 #        as long as each other)
 #   lab  the pivot's fault scenarios, the pivot from the installed collection, the lab's integration tests
@@ -89,6 +90,9 @@ cpu_group() {
     molecule test -s "$scenario"
   done
 
+  stage "the lab's training job and server stand-in on this machine (no containers)"
+  pyt python -m pytest -q tests/integration/test_lab_host.py
+
   stage "fleet lab tests (three hosts behind HAProxy: canary failure, interrupted rolling pivot under load)"
   SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_fleet.py
   stage_end
@@ -96,9 +100,8 @@ cpu_group() {
 
 lab_group() {
   # The pivot's fault scenarios (one lab for all of them), the pivot from the built and installed collection, then
-  # every other file of tests/integration but test_fleet.py (the cpu group's last stage): the lab's own tests, and
-  # any added later. That last stage starts SGLang servers on the host with a time limit on their start-up (360 s,
-  # enough for SGLang's import on a loaded 2-CPU machine), so it goes last.
+  # every other file of tests/integration but test_fleet.py and test_lab_host.py (the cpu group's): the lab's own
+  # container tests, and any added later.
   stage "pivot fault scenarios, interrupted runs, rollback (lab)"
   SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration/test_pivot_faults.py
 
@@ -107,7 +110,7 @@ lab_group() {
 
   stage "lab integration tests (docker containers with systemd)"
   SPECDEC_REQUIRE_LAB=1 pyt python -m pytest -q tests/integration --ignore=tests/integration/test_pivot_faults.py \
-    --ignore=tests/integration/test_fleet.py
+    --ignore=tests/integration/test_fleet.py --ignore=tests/integration/test_lab_host.py
   stage_end
 }
 

@@ -17,6 +17,8 @@ import shlex
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,8 @@ TRAIN_SCRIPT = "/opt/train/train_dflash_pipeline.py"
 REPORT_SCHEMA = REPO / "playbooks" / "schemas" / "pivot-report.schema.json"
 PORT = int(os.environ.get("SPECDEC_LAB_PORT", "30000"))
 URL = f"http://127.0.0.1:{PORT}"
+# A step line of the lab training job's log (lab/training/train_dflash_pipeline.py).
+STEP_RE = re.compile(r"^step (\d+) \| loss (\d+\.\d+) \| (\d+\.\d)K tok/s$")
 RECAP_RE = re.compile(r"^(\S+)\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
                       r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 
@@ -122,6 +126,11 @@ def playbook(name: str, *args: str, report_dir: Path, timeout: float = 900,
 
 
 # ------------------------------------------------------------------------------------------------ state
+def preflight_leftovers() -> str:
+    """The temporary copies of the plugin that preflight makes on the inference host (none once it ended)."""
+    return sh(INFERENCE, "ls -d /tmp/specdec-pivot-preflight.* 2>/dev/null", check=False).strip()
+
+
 def unit_show(*props: str) -> dict[str, str]:
     out = sh(INFERENCE, f"systemctl show {UNIT} " + " ".join(f"-p {p}" for p in props))
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -230,24 +239,31 @@ def running_server_argv() -> list[str]:
 def server_info(url: str = URL, argv: list[str] | None = None) -> dict:
     """/get_server_info of the lab server (or of ``url``), sending the key its command line (``argv``, default the
     running unit's) names, as the pivot's own probes do; a server without a key gets no Authorization header."""
-    import urllib.request
-
     key = api_key_from_argv(running_server_argv() if argv is None else argv)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     req = urllib.request.Request(url + "/get_server_info", headers=headers)
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
 
 def healthy() -> bool:
-    import urllib.error
-    import urllib.request
-
+    """/health answers 200 (a slow answer is waited for: on a loaded 2-CPU machine a 5-s limit was too short)."""
     try:
-        with urllib.request.urlopen(URL + "/health", timeout=5) as resp:
+        with urllib.request.urlopen(URL + "/health", timeout=30) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    """(status, body) of a GET, or of a POST of ``body`` as JSON; an HTTP error status is returned, not raised."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def wait_for(predicate: Callable[[], object], seconds: float, what: str, interval: float = 0.5):

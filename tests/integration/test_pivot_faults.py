@@ -138,7 +138,23 @@ def test_check_diff_shows_the_plan_and_changes_nothing(lab, tmp_path) -> None:
     assert "0.0.0.0" in warning and "> **Warning:** the server listens on 0.0.0.0" in md
     assert report["inference"][0]["plan"]["new_exec_start"].endswith("--speculative-num-draft-tokens 17")
     assert report["inference"][0]["plan"]["args_check"]["ok"] is True
-    assert_unchanged(SEEN["pristine"], lk.state())
+    # Preflight ran the plugin's own CLI in the unit's interpreter (python -m sglang_ddtree check-drafter and
+    # check-sglang, the wheel on PYTHONPATH from a temporary copy) and says which DDTREE the server will run.
+    plan = report["inference"][0]["plan"]
+    assert plan["ddtree"]["implementation"] == "plugin", plan["ddtree"]
+    assert plan["ddtree"]["detail"] == "sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo"
+    assert plan["ddtree"]["plugin_status"] == "registered" and plan["ddtree"]["sglang"] == "0.5.23"
+    drafter = plan["drafter"]["check"]
+    assert drafter["ok"] is True and drafter["consumer"] == "sglang" and drafter["problems"] == [], drafter
+    assert drafter["path"] == "/models/Qwen3-tiny-DFlash" and drafter["weights_checked"] is True
+    assert "DDTREE the server will run: plugin (sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo)" in run.out
+    assert "DDTREE the server will run: **plugin** (`sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo`)" in md
+    assert lk.preflight_leftovers() == "", "the temporary copy of the plugin must be gone"
+    # Preflight reports no change (a second pivot run must say changed=0), not even its background checks.
+    changed = [b.splitlines()[0] for b in run.out.split("TASK [")[1:]
+               if b.startswith("specdec.pivot.sglang_preflight :") and "\nchanged:" in b]
+    assert changed == [], changed
+    assert_unchanged(SEEN["pristine"], lk.state())  # nothing installed (the plugin is part of the state)
     # rollback.yml on a host the pivot never touched: nothing to do, in --check and for real.
     for args in (["--check", "--diff"], []):
         rb = rollback(tmp_path, *args)
@@ -284,7 +300,7 @@ def test_server_exits_at_start_rolls_back(lab, tmp_path) -> None:
 
 
 def test_health_timeout_rolls_back(lab, tmp_path) -> None:
-    run = pivot(tmp_path, "-e", "sglang_service_health_timeout=1", "-e", "sglang_service_rollback_health_timeout=180")
+    run = pivot(tmp_path, "-e", "sglang_service_health_timeout=1", "-e", "sglang_service_rollback_health_timeout=360")
     assert_rolled_back(run, "no 200 from http://127.0.0.1:30000/health within 1 s")
     assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"], "records kept as they were"
     backups = lk.unit_backups()
@@ -383,7 +399,7 @@ def test_interrupted_while_the_new_server_starts_converges(lab, tmp_path) -> Non
     first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Wait for /health on the host",
                   interrupt_signal=signal.SIGKILL)
     assert first.rc != 0
-    lk.wait_for(lk.healthy, 120, "the new server comes up by itself")
+    lk.wait_for(lk.healthy, 360, "the new server comes up by itself")  # SGLang's import: up to ~105 s on a loaded CI
     assert lk.server_info()["speculative_algorithm"] == "DDTREE"
 
     again = pivot(tmp_path)
