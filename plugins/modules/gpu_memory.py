@@ -157,21 +157,13 @@ options:
       - Fail the task when RV(fit.fits) is false. Default C(false) - the module reports and the caller decides.
     type: bool
     default: false
+extends_documentation_fragment:
+  - specdec.pivot.attributes
+  - specdec.pivot.attributes.read_only
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Read-only; check mode runs the same queries and returns the same data.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details:
-      - Nothing changes, so there is no diff.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 notes:
   - A stand-in C(nvidia-smi) that replays recorded output (C(lab/stand-ins/nvidia-smi) in the collection's
     source tree) is what the lab and the unit tests use; on real hosts the module runs NVIDIA's tools.

@@ -38,21 +38,13 @@ options:
       - Without it RV(same_content) is false and RV(differing) holds one entry saying that no wheel was given.
       - Read only when the distribution is installed (there is nothing to compare it with otherwise).
     type: path
+extends_documentation_fragment:
+  - specdec.pivot.attributes
+  - specdec.pivot.attributes.read_only
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Read-only; check mode reads and returns the same data.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details:
-      - Nothing changes, so there is no diff.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 seealso:
   - module: specdec.pivot.sglang_capabilities
 """

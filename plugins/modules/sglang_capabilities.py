@@ -98,21 +98,16 @@ options:
         the new flags go where the first old speculative flag stood. A key naming a kept flag replaces its value
         in place. The result is RV(exec_start_new); nothing is written.
     type: dict
+extends_documentation_fragment:
+  - specdec.pivot.attributes
+  - specdec.pivot.attributes.read_only
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Read-only; check mode runs the same probe and returns the same data.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
     details:
       - Nothing changes, so there is no diff; RV(exec_start_new) shows a proposed ExecStart.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 notes:
   - With O(unit), ExecStart is read from the unit file (C(FragmentPath)) and its drop-ins, whose quoting is exact;
     C(%) specifiers and C($VAR) references stay as written there, and RV(exec_start_new) keeps them. When the file

@@ -37,21 +37,13 @@ options:
     type: list
     elements: str
     required: true
+extends_documentation_fragment:
+  - specdec.pivot.attributes
+  - specdec.pivot.attributes.read_only
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Read-only; check mode runs the same parser and returns the same data.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details:
-      - Nothing changes, so there is no diff.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 notes:
   - systemd expands C($VAR) and C(%) specifiers at start; a command line holding them cannot be checked as written
     (the caller should skip it).

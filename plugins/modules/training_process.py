@@ -211,23 +211,19 @@ options:
         C(nvidia-smi) hangs when the driver is wedged.
     type: float
     default: 15.0
+extends_documentation_fragment:
+  - specdec.pivot.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
     details:
       - Reports the tree it would signal (RV(pids), RV(processes)) with C(changed=true) when something matched,
         and signals nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
       - The diff is the list of running pids of the run before and after (C(running_pids)); that is the only
         state the module changes.
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 notes:
   - The module only signals processes it found in this task's snapshot, by exact identity; it never signals a
     process group or a pid it did not see.
