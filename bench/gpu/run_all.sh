@@ -13,7 +13,10 @@
 # LOSSLESS_BUDGETS, HYBRID_BUDGETS), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
 # measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
 # process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
-# branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18).
+# branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
+# glue-check (the fused glue kernels compiled on the GPU against their torch references), cost-8b, cost-hybrid,
+# cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
+# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5).
 # SKIP="core-bench hybrid" leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -100,6 +103,18 @@ run_step() {
         --sampling ;;
     tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" ;;
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
+    glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;
+    cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
+        python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
+          --contexts 128 --repeats ${COST_REPEATS:-5}" ;;
+    cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
+          --layers ${HYBRID_LAYERS:-32} &&
+        python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
+          --label qwen36-27b-hybrid-shape --contexts 128 --repeats ${COST_REPEATS:-5}" ;;
+    cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
+        python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
+          --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \
+          --repeats ${COST_REPEATS:-3}" ;;
     *) echo "unknown step $1" >&2; return 2 ;;
   esac
 }

@@ -56,6 +56,9 @@ def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool
         kwargs.update(speculative_algorithm=algo, speculative_draft_model_path=str(models / "drafter"))
     if algo == "DDTREE":
         kwargs.update(speculative_num_draft_tokens=budget + 1)
+    shape = models / "shape.json"
+    if shape.exists():  # bench/gpu/shapes.py: config only, SGLang makes random weights on the GPU
+        kwargs.update(load_format=json.loads(shape.read_text())["load_format"], mem_fraction_static=0.85)
     if is_hybrid(models) and not hybrid_radix_cache:
         # Hybrid target: no prefix cache, so SGLang's mamba radix cache (extra_buffer state tracking with overlap
         # scheduling, or no_buffer without it) stays out of the equality check; --hybrid-radix-cache keeps
@@ -151,12 +154,14 @@ def run_tau(
     return {"tau": rows}
 
 
-def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, directory: Path) -> dict:
-    """One profiled generate per batch size (SGLang's own torch-profiler hook): launches and syncs per step."""
+def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, directory: Path,
+                batches: tuple[int, ...] = (1, 8, 32)) -> dict:
+    """One profiled generate per batch size (SGLang's own torch-profiler hook): launches, syncs and GPU busy time
+    per step."""
     from step_cost import count_trace, read_traces
 
     rows = []
-    for bs in (1, 8, 32):
+    for bs in batches:
         batch = prompts(vocab, bs, context, seed=100 + bs)
         generate(engine, batch, 16)  # warm-up
         out_dir = directory / f"batch{bs}"
@@ -178,14 +183,18 @@ def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, di
                 **counts,
                 "launches_per_step": counts["launches"] / steps,
                 "syncs_per_step": counts["syncs"] / steps,
+                "gpu_busy_ms_per_step": counts["gpu_busy_us"] / 1000.0 / steps,
             }
         )
     return {"profile": rows}
 
 
-def run_speed(engine, vocab: int, algo: str, repeats: int, context: int = 32) -> dict:
+def run_speed(engine, vocab: int, algo: str, repeats: int, context: int = 32,
+              batches: tuple[int, ...] = (1, 8, 32)) -> dict:
+    """ms per decode step per batch size: the warm-up generate fills the prefix cache with the same prompts, so the
+    timed generates prefill almost nothing (a hybrid target without radix cache prefills every time)."""
     rows = []
-    for bs in (1, 8, 32):
+    for bs in batches:
         batch = prompts(vocab, bs, context, seed=100 + bs)
         generate(engine, batch, 16)  # warm-up (graphs, allocator)
         per_step, per_token = [], []
@@ -244,6 +253,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=32, help="speed/profile: prompt length in tokens")
     ap.add_argument("--profile-dir", type=Path, help="profile: where SGLang writes the traces")
     ap.add_argument("--profile-tokens", type=int, default=64, help="profile: new tokens of the profiled generate")
+    ap.add_argument("--speed-batches", default="1,8,32", help="speed/profile: batch sizes")
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager target/drafter (no CUDA graphs)")
     ap.add_argument("--repeats", type=int, default=5, help="timed generates per batch size (speed)")
     ap.add_argument("--out", required=True, type=Path)
@@ -255,6 +265,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     modes = args.mode.split(",")
+    speed_batches = tuple(int(b) for b in args.speed_batches.split(","))
     if not modes or set(modes) - {"equality", "speed", "sampling", "tau", "profile"}:
         ap.error(f"--mode {args.mode!r}: use equality, speed, sampling (comma-separated)")
 
@@ -285,9 +296,10 @@ def main() -> int:
                 run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo)
             )
         if "speed" in modes:
-            body.update(run_speed(engine, vocab, args.algo, args.repeats, args.context))
+            body.update(run_speed(engine, vocab, args.algo, args.repeats, args.context, speed_batches))
         if "profile" in modes:
-            body.update(run_profile(engine, vocab, args.algo, args.context, args.profile_tokens, args.profile_dir))
+            body.update(run_profile(engine, vocab, args.algo, args.context, args.profile_tokens, args.profile_dir,
+                                    speed_batches))
     finally:
         engine.shutdown()
     record = {

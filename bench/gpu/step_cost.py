@@ -1,17 +1,20 @@
-"""Issue 18: per-step cost of none, DFLASH and DDTREE side by side, with kernel launches and host syncs per step
-from the torch profiler (SGLang's own ``Engine.start_profile``), at batch 1, 8, 32 and several context lengths.
+"""Issues 18 and 23: per-step cost of none, DFLASH and DDTREE side by side, with kernel launches, host syncs and
+GPU busy time per step from the torch profiler (SGLang's own ``Engine.start_profile``), at several batch sizes and
+context lengths.
 
-    python bench/gpu/step_cost.py --models DIR --work DIR --label tiny [--contexts 1024,8192] [--result FILE]
+    python bench/gpu/step_cost.py --models DIR --work DIR --label qwen3-8b-shape [--budgets 16] \
+        [--contexts 128,1024] [--batches 1,8,32] [--context-batches 32768=1,8] [--result FILE]
 
 Per configuration one engine (bench/gpu/sglang_ddtree_run.py --mode speed,profile, its own process): ms per
-decode step (median of 5 timed generates) and, from one profiled generate, launches (cudaLaunchKernel and
-friends; a CUDA-graph replay counts once as cudaGraphLaunch) and synchronising calls per step. The profiled window
-includes the prefill, so launches per step are an upper bound for short generations; --profile-tokens sets the
-generation length (default 64). Context: prompt length in tokens (the model's max_position_embeddings must allow
-it). Written ``step-cost-*.json``: ``{"sglang", "gpu", "rows": [{"target", "batch", "budget", "context", "none_ms",
-"dflash_ms", "ddtree_ms", "none_launches", "dflash_launches", "ddtree_launches", ...}]}``.
-
-NOT YET RUN on a GPU (written after the session's device time was spent): expect to fix details on first use.
+decode step (median of --repeats timed 128-token generates after a warm-up that fills the prefix cache with the
+same prompts) and, from one profiled generate, launches (cudaLaunchKernel and friends; a CUDA-graph replay counts
+once as cudaGraphLaunch), synchronising calls and GPU busy time (the union of kernel intervals) per step. The
+profiled window includes the (cached) prefill, so per-step counts are upper bounds. Models: any pair the runner
+takes, e.g. bench/gpu/shapes.py's config-only shapes (random weights: nothing is accepted, every step verifies a
+full block or tree). Written ``step-cost-<label>.json``: ``{"sglang", "gpu", "commit", "rows": [{"target",
+"batch", "budget", "context", "none_ms", "dflash_ms", "ddtree_ms", "ddtree_over_dflash", "none_launches",
+"dflash_launches", "ddtree_launches", "*_syncs", "*_gpu_busy_ms"}]}`` (one row per DDTREE budget, batch and
+context).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,14 +39,30 @@ LAUNCH_NAMES = {
 SYNC_NAMES = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
 
 
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals (the GPU is busy while any kernel runs)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
 def count_trace(events: list[dict]) -> dict:
-    """Launch and sync counts of a chrome trace's events (torch profiler ``cuda_runtime``/``cuda_driver`` rows).
+    """Launch and sync counts of a chrome trace's events (torch profiler ``cuda_runtime``/``cuda_driver`` rows)
+    and the GPU busy time in microseconds (union of ``kernel`` events; a CUDA-graph replay's kernels included).
 
     A device-to-host ``cudaMemcpy``/``cudaMemcpyAsync`` (``.item()``, ``.tolist()``) is a host sync too."""
     launches = graph_launches = syncs = 0
+    kernels = []
     for ev in events:
         name = ev.get("name", "")
         if ev.get("ph") not in (None, "X"):
+            continue
+        if ev.get("cat") == "kernel" and "ts" in ev:
+            kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0))))
             continue
         if name in LAUNCH_NAMES:
             launches += 1
@@ -51,7 +71,7 @@ def count_trace(events: list[dict]) -> dict:
             syncs += 1
         elif name.startswith("cudaMemcpy") and "DtoH" in json.dumps(ev.get("args", {})):
             syncs += 1
-    return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs}
+    return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs, "gpu_busy_us": busy_time(kernels)}
 
 
 def read_traces(directory: Path) -> list[dict]:
@@ -67,58 +87,80 @@ def read_traces(directory: Path) -> list[dict]:
     return events
 
 
+def _commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True, type=Path)
     ap.add_argument("--work", required=True, type=Path)
-    ap.add_argument("--label", required=True, help="tiny | qwen3-8b-shape | hybrid-27b-shape")
-    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--label", required=True, help="tiny | qwen3-8b-shape | qwen36-27b-hybrid-shape")
+    ap.add_argument("--budgets", default="16", help="DDTREE budgets, one engine each")
     ap.add_argument("--contexts", default="1024")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--context-batches", default="", help="per-context batch sizes, e.g. 32768=1,8;8192=1,8,32")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--algos", default="none,DFLASH,DDTREE")
     ap.add_argument("--result", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    per_context = dict(item.split("=", 1) for item in args.context_batches.split(";") if item)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    algos = args.algos.split(",")
     runs = {}
     for context in [int(c) for c in args.contexts.split(",")]:
-        for algo in ("none", "DFLASH", "DDTREE"):
-            extra = ["--context", str(context), "--profile-dir", str(args.work / f"trace-{algo}-{context}")]
-            rec = run_config(
-                args.work / f"cost-{algo}-{context}.json", args.models, algo, args.budget, "speed,profile", extra
-            )
+        batches = per_context.get(str(context), args.batches)
+        configs = [(a, 0) for a in algos if a != "DDTREE"] + [("DDTREE", b) for b in budgets if "DDTREE" in algos]
+        for algo, budget in configs:
+            tag = f"{algo}{budget or ''}-{context}"
+            extra = ["--context", str(context), "--profile-dir", str(args.work / f"trace-{tag}"),
+                     "--speed-batches", batches, "--repeats", str(args.repeats)]
+            rec = run_config(args.work / f"cost-{tag}.json", args.models, algo, budget or 16, "speed,profile", extra)
             if rec is not None:
-                runs[(algo, context)] = rec
+                runs[(algo, budget, context)] = rec
     rows = []
-    for context in sorted({c for _, c in runs}):
-        speed = {
-            a: {r["batch"]: r for r in runs.get((a, context), {}).get("speed", [])}
-            for a in ("none", "DFLASH", "DDTREE")
-        }
-        prof = {
-            a: {r["batch"]: r for r in runs.get((a, context), {}).get("profile", [])}
-            for a in ("none", "DFLASH", "DDTREE")
-        }
-        for batch in sorted(speed["DDTREE"]):
-            row = {"target": args.label, "batch": batch, "budget": args.budget, "context": context}
-            for algo in ("none", "DFLASH", "DDTREE"):
-                key = algo.lower()
-                row[f"{key}_ms"] = speed[algo].get(batch, {}).get("ms_per_step")
-                p = prof[algo].get(batch, {})
-                row[f"{key}_launches"] = p.get("launches_per_step")
-                row[f"{key}_syncs"] = p.get("syncs_per_step")
-            if row["dflash_ms"] and row["ddtree_ms"]:
-                row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
-            rows.append(row)
+
+    def by_batch(algo, budget, context, mode):
+        return {r["batch"]: r for r in runs.get((algo, budget, context), {}).get(mode, [])}
+
+    for context in sorted({c for _, _, c in runs}):
+        for budget in budgets:
+            for batch in sorted(by_batch("DDTREE", budget, context, "speed")):
+                row = {"target": args.label, "batch": batch, "budget": budget, "context": context}
+                for algo, b in (("none", 0), ("DFLASH", 0), ("DDTREE", budget)):
+                    key = algo.lower()
+                    row[f"{key}_ms"] = by_batch(algo, b, context, "speed").get(batch, {}).get("ms_per_step")
+                    p = by_batch(algo, b, context, "profile").get(batch, {})
+                    row[f"{key}_launches"] = p.get("launches_per_step")
+                    row[f"{key}_syncs"] = p.get("syncs_per_step")
+                    row[f"{key}_gpu_busy_ms"] = p.get("gpu_busy_ms_per_step")
+                if row["dflash_ms"] and row["ddtree_ms"]:
+                    row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
+                rows.append(row)
     first = next(iter(runs.values()), {})
-    result = {"sglang": first.get("sglang"), "gpu": first.get("gpu"), "rows": rows}
+    result = {"sglang": first.get("sglang"), "gpu": first.get("gpu"), "commit": _commit(), "rows": rows}
     text = json.dumps(result, indent=1)
     (args.work / f"step-cost-{args.label}.json").write_text(text)
     if args.result:
         args.result.write_text(text)
-    print("| batch | context | none ms | DFLASH ms | DDTREE ms | DDTREE/DFLASH | launches none/DFLASH/DDTREE | syncs |")
+
+    def fmt(v, digits=2):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    print("| target | batch | budget | context | none ms | DFLASH ms | DDTREE ms | DDTREE/DFLASH "
+          "| launches DFLASH/DDTREE | GPU busy DFLASH/DDTREE ms |")
     for r in rows:
         print(
-            f"| {r['batch']} | {r['context']} | {r['none_ms']} | {r['dflash_ms']} | {r['ddtree_ms']} | "
-            f"{r.get('ddtree_over_dflash')} | {r['none_launches']}/{r['dflash_launches']}/{r['ddtree_launches']} | "
-            f"{r['none_syncs']}/{r['dflash_syncs']}/{r['ddtree_syncs']} |"
+            f"| {r['target']} | {r['batch']} | {r['budget']} | {r['context']} | {fmt(r['none_ms'])} | "
+            f"{fmt(r['dflash_ms'])} | {fmt(r['ddtree_ms'])} | {fmt(r.get('ddtree_over_dflash'), 3)} | "
+            f"{fmt(r['dflash_launches'], 1)}/{fmt(r['ddtree_launches'], 1)} | "
+            f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} |"
         )
     return 0
 

@@ -58,6 +58,9 @@ CASES = [
     "walk/random",
     "walk/unfillable",
     "walk/chain",
+    "glue/verify-prep",
+    "glue/commit-plan",
+    "glue/move-kv",
 ]
 
 

@@ -1,4 +1,5 @@
 """Run by test_triton_interpreted.py in a subprocess with TRITON_INTERPRET=1: the Triton kernels on the CPU.
+``--glue-device cuda`` runs the glue cases compiled on a GPU instead (bench/gpu/glue_check.sh).
 
 Prints one JSON object per case: {"case": ..., "ok": bool, "detail": ...}.
 """
@@ -9,14 +10,15 @@ import json
 import os
 import sys
 
-assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch
+from ddtree_testlib import heap_tree
 
-import torch  # noqa: E402
-from ddtree_testlib import heap_tree  # noqa: E402
-
-from sglang_ddtree._triton_vocab import topk_logprobs  # noqa: E402
-from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32  # noqa: E402
-from sglang_ddtree.verify import greedy_walk  # noqa: E402
+from sglang_ddtree._triton_vocab import topk_logprobs
+from sglang_ddtree.sglang import _triton_glue
+from sglang_ddtree.sglang.commit import commit_plan
+from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
+from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32
+from sglang_ddtree.verify import greedy_walk
 
 torch.set_num_threads(1)
 FIELDS = ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores", "ranks")
@@ -56,7 +58,65 @@ def tree_case(name, logits, budget):
     report(f"tree/{name}", ok, detail)
 
 
+def glue_cases(gen, device="cpu"):
+    """The decode round's glue kernels against their torch references (verify arrays + mask cells, commit plan),
+    and the KV move kernel against gather-then-scatter, on trees whose paths leave the argmax chain."""
+    ok_prep, ok_plan, detail = True, True, ""
+    for bsz, depth, vocab, budget in [(3, 7, 50, 8), (2, 15, 60, 16), (4, 7, 3, 20), (1, 3, 50, 4), (5, 5, 30, 31)]:
+        tree = build_tree((torch.randn(bsz, depth, vocab, generator=gen) * 3).to(device), budget, backend="torch")
+        m = budget + 1
+        prefix = torch.randint(0, 20, (bsz,), generator=gen).to(device)
+        roots = torch.randint(0, vocab, (bsz, 4), generator=gen).to(device)[:, 0]  # a strided column, as the worker's
+        r2t = torch.randperm(40 * 64, generator=gen).view(40, 64).to(torch.int32).to(device)
+        rows = torch.randperm(40, generator=gen)[:bsz].to(device)
+        total = mask_numel(int(prefix.sum()), bsz, m)
+        buf_ref = torch.full((total + 7,), 9, dtype=torch.uint8, device=device)
+        buf_got = buf_ref.clone()
+        ref = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, buf_ref, "torch")
+        got = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, buf_got, "triton")
+        for f in ("tokens", "positions", "out_cache_loc", "retrieve_index", "slots", "custom_mask"):
+            if not torch.equal(getattr(ref, f).to(torch.int64), getattr(got, f).to(torch.int64)):
+                ok_prep, detail = False, f"verify_prep field {f} differs ({bsz}, {depth}, {vocab}, {budget})"
+        ok_prep = ok_prep and torch.equal(buf_ref, buf_got) and got.out_cache_loc.dtype == r2t.dtype
+        nomask = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, None, "triton")
+        ok_prep = ok_prep and torch.equal(nomask.custom_mask, ref.custom_mask.bool() | (buf_ref[:total] == 9))
+        for _ in range(3):
+            target = torch.randint(0, vocab, (bsz, m), generator=gen).to(device)
+            for b in range(bsz):  # follow a random existing path (often off the argmax chain)
+                valid = int(tree.num_nodes[b])
+                node = int(torch.randint(1, valid, (), generator=gen)) if valid > 1 else 0
+                while node > 0:
+                    parent = int(tree.parents[b, node])
+                    target[b, parent] = tree.tokens[b, node - 1]
+                    node = parent
+            index, length, bonus = greedy_walk(tree, target, backend="torch")
+            want = commit_plan(index, length, bonus, ref.slots, ref.out_cache_loc, tree.tokens, prefix, "torch")
+            have = commit_plan(index, length, bonus, ref.slots, ref.out_cache_loc, tree.tokens, prefix, "triton")
+            for f in want.__dataclass_fields__:
+                a, b = getattr(want, f), getattr(have, f)
+                if a.dtype != b.dtype or not torch.equal(a, b):
+                    ok_plan, detail = False, f"commit_plan field {f} differs"
+    report("glue/verify-prep", ok_prep, detail)
+    report("glue/commit-plan", ok_plan, detail)
+
+    kv = [torch.randn(100, 2, 24, generator=gen).to(device) for _ in range(3)]  # 96-byte rows: a partial tile of 64
+    ptrs = torch.tensor([t.data_ptr() for t in kv], dtype=torch.uint64, device=device)
+    strides = torch.tensor([t[0].numel() * t.element_size() for t in kv], dtype=torch.int64, device=device)
+    # request 0 reads slots 5, 6, 7 that its own moves write (6 and 5): every source must be read first
+    src = torch.tensor([[-1, 5, 6, 7], [-1, -1, -1, -1], [-1, 40, -1, -1]], device=device)
+    dst = torch.tensor([[-1, 4, 5, 6], [-1, -1, -1, -1], [-1, 30, -1, -1]], device=device)
+    expect = [t.clone() for t in kv]
+    for e in expect:
+        e[torch.tensor([4, 5, 6, 30], device=device)] = e[torch.tensor([5, 6, 7, 40], device=device)].clone()
+    _triton_glue.move_kv(src, dst, ptrs, strides, tile=64)
+    report("glue/move-kv", all(torch.equal(a, b) for a, b in zip(kv, expect, strict=True)))
+
+
 def main():
+    if "--glue-device" in sys.argv:
+        glue_cases(torch.Generator().manual_seed(0), sys.argv[sys.argv.index("--glue-device") + 1])
+        return 0
+    assert os.environ.get("TRITON_INTERPRET") == "1"
     gen = torch.Generator().manual_seed(0)
     vocab_case("random", torch.randn((3, 1000), generator=gen), 8, [0, 0, 0])
     vocab_case("bf16-ties", (torch.randn((3, 1000), generator=gen) * 3).to(torch.bfloat16), 16, [0, 0, 0])
@@ -108,6 +168,7 @@ def main():
             ok = ok and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
             ok = ok and int(want[1].max()) >= 1
         report(f"walk/{name}", ok)
+    glue_cases(gen)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,13 @@ import pytest
 import torch
 
 from sglang_ddtree.sglang.commit import (
-    compact_to_front,
-    kv_commit_moves,
+    commit_plan,
     last_accepted_node,
     out_tokens_from_path,
     tree_mamba_commit_indices,
 )
 from sglang_ddtree.sglang.tp_topk import sharded_candidates
-from sglang_ddtree.sglang.tree_kernels import verify_tree_greedy, verify_tree_greedy_torch
-from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
+from sglang_ddtree.sglang.verify_input import build_verify_arrays, chain_first_slots, mask_numel
 from sglang_ddtree.tree import build_tree, build_tree_from_topk
 from sglang_ddtree.verify import greedy_walk
 
@@ -23,6 +21,15 @@ def _trees(bsz=3, depth=4, vocab=50, budget=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(bsz, depth, vocab, generator=gen) * 3
     return build_tree(logits, budget), gen
+
+
+def _arrays(tree, roots, prefix, prefix_sum, mask_buffer=None, req_to_token=None, rows=None):
+    """build_verify_arrays with a plain slot table (slot = 1000 + 128 * row + position) unless one is given."""
+    bsz = tree.tokens.shape[0]
+    if req_to_token is None:
+        req_to_token = torch.arange(bsz * 128).view(bsz, 128) + 1000
+        rows = torch.arange(bsz)
+    return build_verify_arrays(tree, roots, prefix, prefix_sum, req_to_token, rows, mask_buffer)
 
 
 def _target_following(tree, gen, follow_prob=0.7):
@@ -42,7 +49,7 @@ def test_verify_arrays_match_the_core_tree():
     bsz, m = tree.parents.shape
     prefix = torch.tensor([5, 0, 11])
     roots = torch.tensor([7, 8, 9])
-    arrays = build_verify_arrays(tree, roots, prefix, int(prefix.sum()))
+    arrays = _arrays(tree, roots, prefix, int(prefix.sum()))
     assert arrays.num_nodes == m
     tokens = arrays.tokens.view(bsz, m)
     assert torch.equal(tokens[:, 0], roots) and torch.equal(tokens[:, 1:], tree.tokens)
@@ -56,7 +63,7 @@ def test_custom_mask_layout_is_full_mask_per_request():
     tree, _ = _trees()
     bsz, m = tree.parents.shape
     prefix = torch.tensor([5, 0, 11])
-    mask = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
+    mask = _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
     assert mask.dtype == torch.bool and mask.numel() == mask_numel(int(prefix.sum()), bsz, m)
     offset = 0
     for b in range(bsz):
@@ -77,10 +84,10 @@ def test_mask_written_into_the_backend_buffer_has_the_tree_cells_and_leaves_the_
     tree, _ = _trees()
     bsz, m = tree.parents.shape
     prefix = torch.tensor([5, 0, 11])
-    full = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
+    full = _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum())).custom_mask
     sentinel = 7 if dtype == torch.uint8 else False
     buffer = torch.full((full.numel() + 40,), sentinel, dtype=dtype)
-    got = build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer).custom_mask
+    got = _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer).custom_mask
     assert got.data_ptr() == buffer.data_ptr() and got.numel() == full.numel() and got.dtype == dtype
     offset = 0
     for b in range(bsz):
@@ -91,7 +98,7 @@ def test_mask_written_into_the_backend_buffer_has_the_tree_cells_and_leaves_the_
         offset += m * (p + m)
     assert (buffer[full.numel() :] == sentinel).all()
     with pytest.raises(ValueError, match="verify-mask buffer has"):
-        build_verify_arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer[:10])
+        _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), buffer[:10])
 
 
 def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins_loaded):
@@ -102,7 +109,7 @@ def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins
 
     tree, _ = _trees()
     prefix = torch.tensor([5, 0, 11])
-    arrays = build_verify_arrays(tree, torch.zeros(3, dtype=torch.long), prefix, 16)
+    arrays = _arrays(tree, torch.zeros(3, dtype=torch.long), prefix, 16)
     vi = DDTreeVerifyInput(
         draft_token=arrays.tokens, positions=arrays.positions, draft_token_num=arrays.num_nodes,
         custom_mask=arrays.custom_mask, retrieve_index=arrays.retrieve_index,
@@ -113,29 +120,39 @@ def test_ddtree_verify_input_is_a_dflash_verify_input_with_tree_metadata(plugins
     assert vi.is_verify_input() and not vi.is_draft_input()
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_torch_tree_walk_equals_the_core_greedy_walk(seed):
-    tree, gen = _trees(bsz=4, seed=seed)
+@pytest.mark.parametrize("seed", range(4))
+def test_chain_first_slots_put_the_argmax_chain_at_its_depth_and_are_a_permutation(seed):
+    gen = torch.Generator().manual_seed(seed)
+    tree = build_tree(torch.randn(3, 7, 30, generator=gen) * 2, 16)
+    slots = chain_first_slots(tree)
+    bsz, m = slots.shape
+    for b in range(bsz):
+        assert sorted(slots[b].tolist()) == list(range(m))  # every position prefix..prefix+N exactly once
+        assert slots[b, 0] == 0  # the root stays at the root's position
+        on_chain = []
+        for i in range(1, int(tree.num_nodes[b])):  # the path of rank-0 nodes from the root
+            node, path = i, []
+            while node > 0:
+                path.append(int(tree.ranks[b, node - 1]))
+                node = int(tree.parents[b, node])
+            if not any(path):
+                on_chain.append(i)
+                assert slots[b, i] == tree.depths[b, i - 1]
+        assert len(on_chain) >= 1  # the best depth-1 candidate is always a node
+        off = [i for i in range(1, m) if i not in on_chain]
+        assert [int(slots[b, i]) for i in off] == list(range(len(on_chain) + 1, m))  # node order after the chain
+
+
+def test_out_cache_loc_reads_the_slot_table_at_prefix_plus_slot():
+    tree, _ = _trees()
     bsz, m = tree.parents.shape
-    target = _target_following(tree, gen)
-    roots = torch.zeros(bsz, dtype=torch.long)
-    arrays = build_verify_arrays(tree, roots, torch.zeros(bsz, dtype=torch.long), 0)
-    candidates = arrays.tokens.view(bsz, m)
-    predicts, accept_index, accept_num = verify_tree_greedy_torch(
-        candidates, arrays.retrieve_index, arrays.retrieve_next_token, arrays.retrieve_next_sibling, target,
-        tree.max_depth,
-    )
-    ref_index, ref_len, ref_bonus = greedy_walk(tree, target)
-    assert torch.equal(accept_num, ref_len)
-    offsets = torch.arange(bsz)[:, None] * m
-    assert torch.equal(torch.where(accept_index >= 0, accept_index - offsets, -1), ref_index)
-    last = torch.gather(accept_index, 1, accept_num[:, None])[:, 0]
-    assert torch.equal(predicts[last], ref_bonus)
-    # the dispatcher uses the torch walk on CPU
-    again = verify_tree_greedy(candidates, arrays.retrieve_index, arrays.retrieve_next_token,
-                               arrays.retrieve_next_sibling, target, tree.max_depth)
-    assert all(torch.equal(x, y) for x, y in zip(again, (predicts, accept_index, accept_num), strict=True))
-    assert int(ref_len.max()) > 0  # the fixture really accepts drafts
+    prefix = torch.tensor([5, 0, 11])
+    req_to_token = torch.randperm(6 * 64).view(6, 64)
+    rows = torch.tensor([4, 1, 3])
+    arrays = _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, 16, None, req_to_token, rows)
+    for b in range(bsz):
+        for i in range(m):
+            assert arrays.out_cache_loc[b * m + i] == req_to_token[rows[b], prefix[b] + arrays.slots[b, i]]
 
 
 class SimulatedAllocator:
@@ -159,14 +176,16 @@ class SimulatedAllocator:
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_commit_moves_accepted_kv_to_the_front_and_leaks_nothing(page_size):
-    tree, gen = _trees(bsz=3, seed=3)
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_commit_moves_accepted_kv_to_the_front_and_leaks_nothing(page_size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tree = build_tree(torch.randn(3, 7, 40, generator=gen) * 2, 16)
     bsz, m = tree.parents.shape
     target = _target_following(tree, gen, follow_prob=0.9)
-    accept_index, accept_len, _bonus = greedy_walk(tree, target)
+    accept_index, accept_len, bonus = greedy_walk(tree, target)
     assert int(accept_len.max()) >= 2  # a path deeper than one node (a real compaction)
 
-    alloc = SimulatedAllocator(num_pages=200, page_size=page_size)
+    alloc = SimulatedAllocator(num_pages=400, page_size=page_size)
     prefix = torch.tensor([3, 6, 9])
     reserve = m + page_size  # the per-decode reservation covers the tree
     req_to_token = torch.zeros((5, 64), dtype=torch.long)
@@ -176,14 +195,19 @@ def test_commit_moves_accepted_kv_to_the_front_and_leaks_nothing(page_size):
         slots = alloc.alloc(int(prefix[b]) + reserve)
         req_to_token[pool_rows[b], : len(slots)] = torch.tensor(slots)
         owned[b] = set(slots)
-    kv = torch.zeros(200 * page_size, 2)  # [slots, head_dim]
-    for b in range(bsz):  # the verify pass wrote node i's KV at position prefix+i
+    arrays = _arrays(tree, torch.zeros(bsz, dtype=torch.long), prefix, int(prefix.sum()), None, req_to_token,
+                     pool_rows)
+    kv = torch.zeros(400 * page_size, 2)  # [slots, head_dim]
+    for b in range(bsz):  # the verify pass wrote node i's KV at its out_cache_loc
         for i in range(m):
-            kv[req_to_token[pool_rows[b], prefix[b] + i]] = torch.tensor([b, 100 + i], dtype=torch.float)
+            kv[arrays.out_cache_loc[b * m + i]] = torch.tensor([b, 100 + i], dtype=torch.float)
     table_before = req_to_token.clone()
 
-    src, dst = kv_commit_moves(req_to_token, pool_rows, prefix, accept_index, accept_len)
-    kv[dst.reshape(-1)] = kv[src.reshape(-1)].clone()  # SGLang's move_kv_cache: gather, then scatter
+    plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens, prefix)
+    for b in range(bsz):  # the moves in order (the fused kernel reads every source first; same result, see below)
+        for k in range(plan.move_src.shape[1]):
+            if plan.move_src[b, k] >= 0:
+                kv[plan.move_dst[b, k]] = kv[plan.move_src[b, k]]
 
     assert torch.equal(req_to_token, table_before)  # slot table untouched (page layout intact)
     for b in range(bsz):
@@ -191,30 +215,66 @@ def test_commit_moves_accepted_kv_to_the_front_and_leaks_nothing(page_size):
             node = int(accept_index[b, k])
             slot = int(req_to_token[pool_rows[b], prefix[b] + k])
             assert kv[slot].tolist() == [b, 100 + node]
-        assert set(src[b].tolist()) | set(dst[b].tolist()) <= owned[b] | {0}  # only the request's own slots
+        moved = plan.move_src[b] >= 0
+        assert set(plan.move_src[b][moved].tolist()) | set(plan.move_dst[b][moved].tolist()) <= owned[b]
+        # no move reads a slot that an earlier move of the request wrote: in order == all reads first
+        written = set()
+        for k in range(plan.move_src.shape[1]):
+            if plan.move_src[b, k] >= 0:
+                assert int(plan.move_src[b, k]) not in written
+                written.add(int(plan.move_dst[b, k]))
+    assert torch.equal(plan.commit_lens, (accept_len + 1).to(torch.int32))
+    assert torch.equal(plan.new_seq_lens, prefix + accept_len + 1)
     # the request finishes: everything it holds goes back, nothing leaked, nothing freed twice
     for b in range(bsz):
         alloc.free(sorted(owned[b]))
     assert len(alloc.free_pages) == alloc.total
 
 
-def test_compaction_of_hidden_states_and_emitted_tokens():
+def test_a_path_along_the_argmax_chain_moves_nothing():
+    gen = torch.Generator().manual_seed(8)
+    tree = build_tree(torch.randn(2, 7, 40, generator=gen) * 2, 16)
+    bsz, m = tree.parents.shape
+    # the target agrees with the drafter's argmax everywhere: the accepted path is the rank-0 chain
+    node_tokens = torch.cat([torch.zeros(bsz, 1, dtype=torch.long), tree.tokens], 1)
+    target = torch.full((bsz, m), 1)
+    for b in range(bsz):
+        for i in range(m):
+            kids = [j for j in range(1, m) if int(tree.parents[b, j]) == i and int(tree.ranks[b, j - 1]) == 0]
+            target[b, i] = node_tokens[b, kids[0]] if kids else 1
+    accept_index, accept_len, bonus = greedy_walk(tree, target)
+    assert int(accept_len.min()) >= 1
+    arrays = _arrays(tree, torch.zeros(bsz, dtype=torch.long), torch.tensor([4, 9]), 13)
+    plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
+                       torch.tensor([4, 9]))
+    assert (plan.move_src == -1).all() and (plan.move_dst == -1).all()
+
+
+def test_commit_plan_rows_and_emitted_tokens():
     tree, gen = _trees(bsz=2, seed=5)
     bsz, m = tree.parents.shape
     target = _target_following(tree, gen, follow_prob=0.9)
     accept_index, accept_len, bonus = greedy_walk(tree, target)
-    hidden = torch.arange(bsz * m, dtype=torch.float)[:, None].repeat(1, 3)
-    out = compact_to_front(hidden, accept_index, m).view(bsz, m, 3)
-    for b in range(bsz):
-        for k in range(int(accept_len[b]) + 1):
-            assert out[b, k, 0] == b * m + accept_index[b, k]
-    path_tokens = torch.gather(torch.cat([torch.zeros(bsz, 1, dtype=torch.long), tree.tokens], 1), 1,
-                               accept_index.clamp(min=0))
-    emitted = out_tokens_from_path(path_tokens, accept_len, bonus)
+    arrays = _arrays(tree, torch.zeros(bsz, dtype=torch.long), torch.tensor([2, 3]), 5)
+    plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
+                       torch.tensor([2, 3]))
+    width = accept_index.shape[1]
+    rows = plan.hidden_rows.view(bsz, width)
+    node_tokens = torch.cat([torch.zeros(bsz, 1, dtype=torch.long), tree.tokens], 1)
     for b in range(bsz):
         n = int(accept_len[b])
-        assert emitted[b, :n].tolist() == path_tokens[b, 1 : n + 1].tolist()
-        assert emitted[b, n] == bonus[b] and not emitted[b, n + 1 :].any()
+        for k in range(n + 1):
+            assert rows[b, k] == b * m + accept_index[b, k]
+        assert ((rows[b] >= b * m) & (rows[b] < (b + 1) * m)).all()  # only the request's own rows
+        assert plan.out_tokens[b, :n].tolist() == [int(node_tokens[b, accept_index[b, k]]) for k in range(1, n + 1)]
+        assert plan.out_tokens[b, n] == bonus[b] and not plan.out_tokens[b, n + 1 :].any()
+        assert plan.last_node[b] == accept_index[b, n]
+
+
+def test_emitted_tokens_from_a_path():
+    path_tokens = torch.tensor([[9, 4, 5, 6], [9, 7, 0, 0]])
+    out = out_tokens_from_path(path_tokens, torch.tensor([2, 1]), torch.tensor([11, 12]))
+    assert out.tolist() == [[4, 5, 11, 0], [7, 12, 0, 0]]
 
 
 def test_recurrent_state_commit_uses_the_last_accepted_node_not_the_length():
@@ -269,7 +329,7 @@ def test_vocab_sharded_topk_gives_the_same_tree_as_full_logits(world):
     assert torch.equal(sharded_tree.parents, full_tree.parents)
 
 
-def test_compaction_when_the_tree_is_smaller_than_the_drafter_block():
+def test_commit_plan_when_the_tree_is_smaller_than_the_drafter_block():
     """Budget 4 with block size 8 (seen failing on the H200): accept_index is block-wide, the tree has 5 nodes."""
     bsz, block_size, budget = 2, 8, 4
     gen = torch.Generator().manual_seed(11)
@@ -277,10 +337,14 @@ def test_compaction_when_the_tree_is_smaller_than_the_drafter_block():
     m = tree.parents.shape[1]
     assert m == budget + 1 < block_size
     target = _target_following(tree, gen, follow_prob=1.0)
-    accept_index, accept_len, _ = greedy_walk(tree, target)
+    accept_index, accept_len, bonus = greedy_walk(tree, target)
     assert accept_index.shape[1] == block_size
-    hidden = torch.arange(bsz * m, dtype=torch.float)[:, None].repeat(1, 3)
-    out = compact_to_front(hidden, accept_index, m).view(bsz, m, 3)
+    arrays = _arrays(tree, torch.zeros(bsz, dtype=torch.long), torch.tensor([1, 2]), 3)
+    plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
+                       torch.tensor([1, 2]))
+    rows = plan.hidden_rows.view(bsz, block_size)
+    assert plan.out_tokens.shape == (bsz, block_size)
     for b in range(bsz):
         for k in range(int(accept_len[b]) + 1):
-            assert out[b, k, 0] == b * m + accept_index[b, k]
+            assert rows[b, k] == b * m + accept_index[b, k]
+        assert ((rows[b] >= b * m) & (rows[b] < (b + 1) * m)).all()

@@ -48,8 +48,10 @@ class StandInKVPool:
 
     def __init__(self, kv):
         self.kv = kv
+        self.moves = []
 
     def move_kv_cache(self, tgt_loc, src_loc):  # SGLang's semantics: all reads, then all writes
+        self.moves.append((tgt_loc, src_loc))
         self.kv[tgt_loc] = self.kv[src_loc].clone()
 
 
@@ -90,11 +92,13 @@ def test_verify_inputs_take_the_slots_of_positions_prefix_to_prefix_plus_n():
     req_to_token = torch.arange(4 * 100).view(4, 100) + 1000
     pool_rows = torch.tensor([3, 1])
     prefix = torch.tensor([7, 20])
-    arrays, loc = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, pool_rows)
+    arrays = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, pool_rows)
     m = worker.ddtree_num_nodes
+    loc = arrays.out_cache_loc
     assert loc.shape == (bs * m,)
-    assert loc.view(bs, m)[0].tolist() == list(range(3 * 100 + 1000 + 7, 3 * 100 + 1000 + 7 + m))
-    assert loc.view(bs, m)[1].tolist() == list(range(1 * 100 + 1000 + 20, 1 * 100 + 1000 + 20 + m))
+    assert sorted(loc.view(bs, m)[0].tolist()) == list(range(3 * 100 + 1000 + 7, 3 * 100 + 1000 + 7 + m))
+    assert sorted(loc.view(bs, m)[1].tolist()) == list(range(1 * 100 + 1000 + 20, 1 * 100 + 1000 + 20 + m))
+    assert loc.view(bs, m)[:, 0].tolist() == [3 * 100 + 1000 + 7, 1 * 100 + 1000 + 20]  # the root at the prefix
     assert arrays.positions.view(bs, m)[:, 0].tolist() == [7, 20]
 
 
@@ -112,10 +116,10 @@ def test_verify_mask_goes_into_the_backends_buffer_when_it_fits(room):
     inner = SimpleNamespace(_verify_mask=SimpleNamespace(buffer=torch.zeros(need + room, dtype=torch.uint8)))
     backend.full_attn_backend = inner
     req_to_token = torch.arange(4 * 100).view(4, 100)
-    arrays, _ = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
+    arrays = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
     assert arrays.custom_mask.data_ptr() == inner._verify_mask.buffer.data_ptr()
     inner._verify_mask = SimpleNamespace(buffer=torch.zeros(need - 1, dtype=torch.uint8))
-    arrays, _ = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
+    arrays = worker._ddtree_verify_inputs(tree, torch.tensor([5, 6]), prefix, 27, req_to_token, torch.tensor([3, 1]))
     assert arrays.custom_mask.dtype == torch.bool and arrays.custom_mask.numel() == need
 
 
@@ -137,7 +141,7 @@ def _round_to_accept(bs: int, vocab: int):
     worker, _ = _worker()
     gen = torch.Generator().manual_seed(2)
     tree = worker._ddtree_tree_from_hidden(torch.randn(bs * 4, 16, generator=gen), bs, _lm_head(), None, vocab)
-    arrays, _ = worker._ddtree_verify_inputs(
+    arrays = worker._ddtree_verify_inputs(
         tree, torch.zeros(bs, dtype=torch.long), torch.zeros(bs, dtype=torch.long), 0,
         torch.zeros((bs, 64), dtype=torch.long), torch.arange(bs),
     )
@@ -196,23 +200,21 @@ def test_accept_applies_sglangs_verify_adjustments_to_every_node():
     assert torch.equal(got[0][others], unbiased[0][others])  # other requests unaffected
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_commit_kv_through_the_pool_interface(page_size):
+def test_commit_kv_through_the_pool_interface():
+    """Without the fused kernel's buffer table, the plan's moves go through the pool's own move_kv_cache; entries
+    that move nothing become the padding slot's 0 -> 0."""
+    from sglang_ddtree.sglang.commit import CommitPlan
+
     worker, _ = _worker()
-    accept_index = torch.tensor([[0, 2, 5, -1, -1], [0, -1, -1, -1, -1]])
-    accept_len = torch.tensor([2, 0])
-    req_to_token = torch.zeros((2, 32), dtype=torch.long)
-    req_to_token[0, :24] = torch.arange(24) + page_size * 10
-    req_to_token[1, :24] = torch.arange(24) + page_size * 10 + 100
     kv = torch.arange(400, dtype=torch.float)[:, None].repeat(1, 2)
     pool = StandInKVPool(kv)
-    prefix = torch.tensor([4, 9])
-    worker._ddtree_commit_kv(pool, req_to_token, torch.tensor([0, 1]), prefix, accept_index, accept_len)
-    row = req_to_token[0]
-    assert pool.kv[row[4], 0] == row[4]  # root stays
-    assert pool.kv[row[5], 0] == row[4 + 2]  # depth 1 <- node 2
-    assert pool.kv[row[6], 0] == row[4 + 5]  # depth 2 <- node 5
-    assert pool.kv[req_to_token[1, 9], 0] == req_to_token[1, 9]
+    plan = CommitPlan(out_tokens=None, commit_lens=None, new_seq_lens=None, hidden_rows=None, last_node=None,
+                      move_src=torch.tensor([[-1, 17, 18], [-1, -1, -1]]),
+                      move_dst=torch.tensor([[-1, 15, 16], [-1, -1, -1]]))
+    worker._ddtree_commit_kv(pool, plan)
+    assert pool.kv[15, 0] == 17 and pool.kv[16, 0] == 18 and pool.kv[17, 0] == 17
+    assert pool.moves[-1][0].tolist() == [0, 15, 16, 0, 0, 0]  # (destinations, sources) in one call
+    assert (pool.kv[:15, 0] == torch.arange(15)).all() and (pool.kv[19:, 0] == torch.arange(19, 400)).all()
 
 
 def test_mamba_commit_passes_the_last_accepted_node_index():
@@ -314,9 +316,10 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
         n = int(accept_len[b])
         assert out[b, :n].tolist() == [int(node_tokens[b, accept_index[b, k]]) for k in range(1, n + 1)]
         assert out[b, n] == bonus[b]
+        loc = batch.out_cache_loc.view(bs, m)
         for k in range(n + 1):  # target KV of accepted node accept_index[k] now at position prefix + k
             slot = req_to_token[pool_rows[b], prefix[b] + k]
-            assert pool.kv[slot, 0] == req_to_token[pool_rows[b], prefix[b] + accept_index[b, k]]
+            assert pool.kv[slot, 0] == loc[b, accept_index[b, k]]
     # drafter context: row k of request b is the hidden state of accepted node accept_index[b, k]
     rows = appended["target_hidden"].view(bs, worker.block_size, -1)[..., 0]
     for b in range(bs):

@@ -16,6 +16,13 @@ core's tree. Layouts (B requests, N+1 tree nodes per request, node 0 = root = th
 * ``retrieve_index`` int64 [B, N+1]: global row of each node (``b*(N+1) + i``); -1 for padding nodes.
 * ``retrieve_next_token`` / ``retrieve_next_sibling`` int64 [B, N+1]: first child / next sibling (local node
   indices, -1 if none), EAGLE's layout, which the linear-attention backends turn into per-node parents.
+* ``slots`` int64 [B, N+1]: the position offset (from the root's position) whose KV slot node i's KV is written
+  to: ``chain_first_slots``. ``out_cache_loc`` [B*(N+1)]: those slots (``req_to_token[row, prefix + slot]``).
+  Triton's verify attends the tree block from the pass's own K/V (not from the cache), so where a node's KV is
+  stored does not change what it attends; it only decides which KV has to move at commit time.
+
+On CUDA (``backend="triton"``) one kernel (``_triton_glue.verify_prep``) computes every array and writes the mask
+cells; the torch functions below are its reference (CPU, tests, and the fallback).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ __all__ = [
     "TreeVerifyArrays",
     "build_tree_custom_mask",
     "build_verify_arrays",
+    "chain_first_slots",
     "dummy_verify_input_for_capture",
     "mask_numel",
     "tree_block_offsets",
@@ -44,6 +52,8 @@ class TreeVerifyArrays:
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
+    out_cache_loc: torch.Tensor  # [B*(N+1)] KV slot each node's KV is written to (request-major)
+    slots: torch.Tensor  # int64 [B, N+1] position offset of that slot (chain_first_slots)
     num_nodes: int  # N+1, tokens per request in the verify pass
 
 
@@ -117,18 +127,64 @@ def write_tree_mask(buffer: torch.Tensor, ancestors: torch.Tensor, prefix_lens: 
     return buffer.view(-1)[:total]
 
 
-def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch.Tensor,
-                        prefix_lens_sum: int, mask_buffer: torch.Tensor | None = None) -> TreeVerifyArrays:
+def chain_first_slots(tree: Any) -> torch.Tensor:
+    """int64 [B, N+1]: the position offset (0 = the root's position) of the KV slot each node is verified into.
+
+    The argmax chain's nodes (every node of their path, themselves included, has rank 0) go to their own depth:
+    they are nodes at depths 1..c, so an accepted path that follows the chain is already where the commit needs
+    it and moves nothing. The other nodes, then padding, take offsets c+1..N in node order. Since a node's
+    ancestors come before it in node order, an accepted off-chain node at depth k sits at an offset > k, and the
+    commit's moves never read a slot that an earlier move of the same request wrote.
+    """
+    bsz, m = tree.parents.shape
+    device = tree.parents.device
+    node = torch.arange(m, device=device).view(1, m)
+    ranks = torch.cat([torch.zeros_like(tree.ranks[:, :1]), tree.ranks], dim=1)  # root: rank 0
+    off_chain = (tree.ancestors & (ranks != 0).view(bsz, 1, m)).any(dim=-1)
+    chain = (node >= 1) & (node < tree.num_nodes.view(bsz, 1)) & ~off_chain
+    other = ((node >= 1) & ~chain).to(torch.int64)
+    c = chain.sum(dim=1, keepdim=True)
+    others_before = torch.cumsum(other, dim=1) - other
+    depth = tree.positions.to(torch.int64)
+    return torch.where(node == 0, 0, torch.where(chain, depth, c + 1 + others_before))
+
+
+def build_verify_arrays(
+    tree: Any,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    prefix_lens_sum: int,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    mask_buffer: torch.Tensor | None = None,
+    backend: str = "torch",
+) -> TreeVerifyArrays:
     """All verify arrays for a batch of trees (``tree``: the core's ``DraftTree``).
 
     Args:
         tree: ``sglang_ddtree.tree.DraftTree`` with B rows and budget N.
-        root_tokens: int [B] the last verified token of each request (the previous round's bonus token).
+        root_tokens: int [B] the last verified token of each request (the previous round's bonus token); may be a
+            strided column view.
         prefix_lens: int [B] committed sequence lengths (positions of the roots).
-        prefix_lens_sum: host-known sum of ``prefix_lens``.
+        prefix_lens_sum: host-known sum of ``prefix_lens`` (or an upper bound of it).
+        req_to_token: [R, L] SGLang's slot table; req_pool_indices: int [B] its rows of this batch.
         mask_buffer: the attention backend's verify-mask buffer: write only the tree cells into it (see the
             module docstring); None: build the whole mask.
+        backend: "triton" (one kernel, CUDA or the Triton interpreter) or "torch".
     """
+    if backend == "triton":
+        from ._triton_glue import verify_prep
+
+        fields = verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer,
+                             prefix_lens_sum)
+        if fields["custom_mask"] is None:
+            fields["custom_mask"] = build_tree_custom_mask(tree.ancestors, prefix_lens, prefix_lens_sum)
+        return TreeVerifyArrays(
+            **fields,
+            retrieve_next_token=tree.first_child,
+            retrieve_next_sibling=tree.next_sibling,
+            num_nodes=tree.parents.shape[1],
+        )
     bsz = tree.tokens.shape[0]
     m = tree.tokens.shape[1] + 1
     device = tree.tokens.device
@@ -137,7 +193,9 @@ def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch
     node = torch.arange(m, device=device, dtype=torch.int64)
     global_row = torch.arange(bsz, device=device, dtype=torch.int64).view(bsz, 1) * m + node.view(1, m)
     valid = node.view(1, m) < tree.num_nodes.view(bsz, 1)
-    retrieve_index = torch.where(valid, global_row, -1)
+    slots = chain_first_slots(tree)
+    rows = req_to_token[req_pool_indices.to(torch.int64)]
+    out_cache_loc = torch.gather(rows, 1, prefix_lens.to(torch.int64).view(bsz, 1) + slots).reshape(-1)
     return TreeVerifyArrays(
         tokens=tokens.reshape(-1),
         positions=positions.reshape(-1),
@@ -146,9 +204,11 @@ def build_verify_arrays(tree: Any, root_tokens: torch.Tensor, prefix_lens: torch
             if mask_buffer is None
             else write_tree_mask(mask_buffer, tree.ancestors, prefix_lens, prefix_lens_sum)
         ),
-        retrieve_index=retrieve_index,
+        retrieve_index=torch.where(valid, global_row, -1),
         retrieve_next_token=tree.first_child.to(torch.int64),
         retrieve_next_sibling=tree.next_sibling.to(torch.int64),
+        out_cache_loc=out_cache_loc,
+        slots=slots,
         num_nodes=m,
     )
 

@@ -10,13 +10,20 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
 2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
 3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
-   backends' FULL layout, retrieve arrays), the target's TARGET_VERIFY forward, then the greedy walk with
-   SGLang's ``verify_tree_greedy`` kernel, or the core's exactly lossless ``sampling_walk`` when sampling.
-4. Commit: the accepted path's target KV is moved to positions prefix..prefix+accept_len (data moves, valid for
-   any page size), the recurrent state of hybrid linear-attention targets is committed at the last ACCEPTED
-   node's index, and the drafter context is materialised from the accepted nodes' hidden states.
+   backends' FULL layout, retrieve arrays, each node's KV slot: the argmax chain's nodes at their own depth),
+   the target's TARGET_VERIFY forward, then the core's greedy walk (or its exactly lossless ``sampling_walk``
+   when sampling).
+4. Commit: the KV of accepted nodes that are not already at positions prefix..prefix+accept_len is moved there
+   (nothing moves when the path follows the chain; data moves, valid for any page size), the recurrent state of
+   hybrid linear-attention targets is committed at the last ACCEPTED node's index, and the drafter context is
+   materialised from the accepted nodes' hidden states.
 
-No per-request Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
+On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches), ``_triton_glue.verify_prep`` (all
+verify arrays and the mask cells), the walk (one), ``_triton_glue.commit_plan`` (tokens, lengths, moves, rows)
+and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one). Everything that depends
+only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the KV pool's
+buffer table, the mask buffer's owner) is resolved once when the worker starts, never per step. No per-request
+Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
 
 GPU-only: this module is imported lazily by the registered worker factory. Its tensor helpers
 (``_ddtree_*``) are exercised on CPU by the tests; the full round needs a GPU (see bench/gpu/).
@@ -30,13 +37,12 @@ from typing import Any
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from ..tree import build_tree, build_tree_from_topk
-from ..verify import sampling_walk
+from ..tree import build_tree, build_tree_from_topk, resolve_backend
+from ..verify import greedy_walk, sampling_walk
 from . import testing
-from .commit import compact_to_front, kv_commit_moves, out_tokens_from_path, tree_mamba_commit_indices
+from .commit import commit_plan, tree_mamba_commit_indices
 from .server_args import DDTreeConfigError, current_block_size
 from .tp_topk import sharded_candidates
-from .tree_kernels import verify_tree_greedy
 from .verify_input import build_verify_arrays, mask_numel
 
 logger = logging.getLogger(__name__)
@@ -70,18 +76,40 @@ def lm_head_problem(lm_head: Any) -> str | None:
     return None
 
 
-def _call_version_kwargs(fn, **kwargs):
-    """Call ``fn`` with the keyword arguments it accepts (SGLang signatures differ between releases)."""
+def accepts_keyword(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword argument ``name`` (SGLang signatures differ between releases); decided
+    once at start-up, never per step."""
     import inspect
 
     params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def slot_move_table(kv_pool: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(data_ptrs u64 [NBUF], data_strides [NBUF] bytes per slot) of a slot-major KV pool whose buffers are all
+    the pool holds (SGLang's own move kernel reads the same table), or None: then moves go through
+    ``move_kv_cache`` (paged HND layouts, scale buffers, pools without the table)."""
+    pool = getattr(kv_pool, "full_kv_pool", None) or kv_pool  # hybrid pools: the full-attention layers' pool
+    ptrs, strides = getattr(pool, "data_ptrs", None), getattr(pool, "data_strides", None)
+    if not isinstance(ptrs, torch.Tensor) or not isinstance(strides, torch.Tensor) or ptrs.device.type != "cuda":
+        return None
+    if getattr(pool, "use_hnd", False) or getattr(pool, "k_scale_buffer", None) is not None:
+        return None
+    if getattr(pool, "use_native_move_kv_cache", False):
+        return None
+    return ptrs, strides.to(device=ptrs.device, dtype=torch.int64)
 
 
 class DDTreeWorker(DFlashWorkerV2):
     """DFLASH drafter, DDTree tree, tree verification. See the module docstring."""
+
+    # Resolved once by ``_ddtree_resolve_runtime`` (class defaults: the CPU tests' plain torch set-up).
+    _ddtree_glue = "torch"  # "triton" on CUDA: the fused glue kernels
+    _ddtree_tp_group: Any = None
+    _ddtree_vocab_size: int | None = None
+    _ddtree_prepare_kwargs: dict | None = None
+    _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None
+    _ddtree_track_interval_value: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -117,9 +145,30 @@ class DDTreeWorker(DFlashWorkerV2):
                 "target's lm_head weight as a dense matrix. Serve an unquantized lm_head (leave lm_head out of "
                 "--quantization / the checkpoint's quantization_config), or use --speculative-algorithm DFLASH"
             )
-        logger.info("DDTREE worker: budget=%d, block_size=%d", self.ddtree_budget, block_size)
+        self._ddtree_resolve_runtime()
+        logger.info("DDTREE worker: budget=%d, block_size=%d, glue=%s", self.ddtree_budget, block_size,
+                    self._ddtree_glue)
 
     # --- set-up ----------------------------------------------------------------------------------------------
+    def _ddtree_resolve_runtime(self) -> None:
+        """Everything the round needs that depends only on the configuration or the SGLang version."""
+        from .verify_spec_input import DDTreeVerifyInput
+
+        self._ddtree_glue = resolve_backend(None, torch.device(self.device))
+        try:
+            from sglang.srt.distributed import get_tp_group
+
+            self._ddtree_tp_group = get_tp_group()
+        except Exception:
+            self._ddtree_tp_group = None
+        self._ddtree_vocab_size = int(self.model_runner.model_config.vocab_size)
+        # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
+        takes = accepts_keyword(DDTreeVerifyInput.prepare_for_verify, "defer_metadata_init")
+        self._ddtree_prepare_kwargs = {"defer_metadata_init": False} if takes else {}
+        self._ddtree_move_table = slot_move_table(self.model_runner.token_to_kv_pool)
+        if self._need_mamba_verify_commit:
+            self._ddtree_track_interval_value = self._ddtree_track_interval()
+
     def _ddtree_require_graph_mask_hook(self) -> None:
         """Refuse to serve when the target's verify CUDA graphs would be captured without the tree mask.
 
@@ -202,14 +251,16 @@ class DDTreeWorker(DFlashWorkerV2):
 
         ``force``: test-only (``testing.forced_draft_logits``: oracle tokens and ranks), TP = 1 only."""
         depth = self.block_size - 1
-        local_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t()).view(bs, depth, -1)
+        flat_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t())  # [bs*depth, V']
         world = 1 if tp_group is None else int(getattr(tp_group, "world_size", 1))
         if world == 1:
-            if vocab_size is not None:
-                local_logits = local_logits[..., :vocab_size]
+            if vocab_size is not None:  # a view: the padded columns are skipped by the row stride, not copied
+                flat_logits = flat_logits[:, :vocab_size]
+            local_logits = flat_logits.view(bs, depth, -1)
             if force is not None:
                 local_logits = testing.forced_draft_logits(local_logits, *force)
             return build_tree(local_logits, self.ddtree_budget)
+        local_logits = flat_logits.view(bs, depth, -1)
         shard = getattr(lm_head, "shard_indices", None)
         vocab_start = int(shard.org_vocab_start_index) if shard is not None else 0
         # this shard's real (unpadded) columns are [0, num_org_elements)
@@ -233,14 +284,10 @@ class DDTreeWorker(DFlashWorkerV2):
         return buffer
 
     def _ddtree_verify_inputs(self, tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices):
-        """(TreeVerifyArrays, out_cache_loc [bs*(N+1)]): slots of positions prefix..prefix+N, request-major."""
+        """TreeVerifyArrays (``out_cache_loc``: each node's KV slot, among positions prefix..prefix+N)."""
         mask_buffer = self._ddtree_mask_buffer(root_tokens.shape[0], prefix_lens_sum)
-        arrays = build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum, mask_buffer)
-        m = arrays.num_nodes
-        offsets = prefix_lens.to(torch.int64).view(-1, 1) + torch.arange(m, device=prefix_lens.device).view(1, m)
-        rows = req_to_token[req_pool_indices.to(torch.int64)]
-        out_cache_loc = torch.gather(rows, 1, offsets).reshape(-1).to(req_to_token.dtype)
-        return arrays, out_cache_loc
+        return build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices,
+                                   mask_buffer, backend=self._ddtree_glue)
 
     # --- 4) accept and commit --------------------------------------------------------------------------------
     def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any):
@@ -268,31 +315,33 @@ class DDTreeWorker(DFlashWorkerV2):
                 _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m)) if seeded
                 else torch.argmax(logits, dim=-1)
             )
-            candidates = arrays.tokens.view(bs, m)
-            predicts, accept_index, accept_num = verify_tree_greedy(
-                candidates, arrays.retrieve_index, arrays.retrieve_next_token, arrays.retrieve_next_sibling,
-                target_predict, tree.max_depth,
-            )
-            offsets = torch.arange(bs, device=accept_index.device).view(bs, 1) * m
-            local = torch.where(accept_index >= 0, accept_index - offsets, -1)
-            last = torch.gather(accept_index, 1, accept_num.view(bs, 1)).view(-1)
-            return local, accept_num, predicts[last]
+            return greedy_walk(tree, target_predict, backend=self._ddtree_glue)
         probs = _target_probs(logits, sampling_info)
         uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
         return sampling_walk(tree, probs, uniforms)
 
-    def _ddtree_commit_kv(self, kv_pool, req_to_token, req_pool_indices, prefix_lens, accept_index, accept_len):
-        src, dst = kv_commit_moves(req_to_token, req_pool_indices, prefix_lens, accept_index, accept_len)
-        kv_pool.move_kv_cache(dst.reshape(-1), src.reshape(-1))
+    def _ddtree_commit_kv(self, kv_pool, plan) -> None:
+        """Apply the plan's KV moves: the fused kernel on a slot-major pool (requests whose path followed the chain
+        cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
+        0 -> 0)."""
+        if self._ddtree_move_table is not None:
+            from ._triton_glue import move_kv
 
-    def _ddtree_mamba_commit(self, batch, accept_index, accept_len, seq_lens_pre_verify, track_interval=None):
+            move_kv(plan.move_src, plan.move_dst, *self._ddtree_move_table)
+            return
+        zero = torch.zeros_like(plan.move_src)
+        kv_pool.move_kv_cache(torch.where(plan.move_dst >= 0, plan.move_dst, zero).reshape(-1),
+                              torch.where(plan.move_src >= 0, plan.move_src, zero).reshape(-1))
+
+    def _ddtree_mamba_commit(self, batch, accept_index, accept_len, seq_lens_pre_verify, track_interval=None,
+                             last=None):
         """Commit the recurrent state of hybrid targets at the last ACCEPTED node (not at accept_len)."""
         attn_backend = self.target_worker.model_runner.attn_backend
         if not hasattr(attn_backend, "update_mamba_state_after_mtp_verify"):
             return None
         tracking = getattr(batch, "mamba_track_indices", None) is not None
         last, steps_to_track = tree_mamba_commit_indices(
-            accept_index, accept_len, seq_lens_pre_verify, track_interval if tracking else None
+            accept_index, accept_len, seq_lens_pre_verify, track_interval if tracking else None, last
         )
         attn_backend.update_mamba_state_after_mtp_verify(
             last_correct_step_indices=last,
@@ -303,7 +352,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         return last
 
-    def _ddtree_track_interval(self, batch) -> int | None:
+    def _ddtree_track_interval(self) -> int | None:
+        """The prefix-cache tracking interval of hybrid targets (resolved once, at start-up)."""
         try:
             from sglang.srt.runtime_context import get_exec
 
@@ -312,7 +362,7 @@ class DDTreeWorker(DFlashWorkerV2):
             try:
                 from sglang.srt.mem_cache.mamba_utils import mamba_track_grid  # 0.5.23 spelling (best effort)
 
-                return int(mamba_track_grid(batch.tree_cache.page_size))
+                return int(mamba_track_grid(int(getattr(self.server_args, "page_size", 1) or 1)))
             except Exception:
                 return None
 
@@ -333,18 +383,12 @@ class DDTreeWorker(DFlashWorkerV2):
         block_positions = self._draft_block_positions_buf[:bs].reshape(-1)
         block_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
 
-        try:
-            from sglang.srt.distributed import get_tp_group
-
-            tp_group = get_tp_group()
-        except Exception:
-            tp_group = None
-        vocab_size = int(self.model_runner.model_config.vocab_size)
         force = None
         if testing.ORACLE_FILE:
             force = testing.oracle_tokens(getattr(batch, "reqs", None), prefix_lens, root_tokens, block_size - 1)
         tree = self._ddtree_tree_from_hidden(
-            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), tp_group, vocab_size, force
+            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), self._ddtree_tp_group,
+            self._ddtree_vocab_size, force,
         )
 
         # Host-known bound of the prefix lengths (sizes the mask; the layout itself is computed on device).
@@ -355,7 +399,7 @@ class DDTreeWorker(DFlashWorkerV2):
             prefix_sum_bound = int(getattr(draft_input, "reserved_seq_lens_sum", None)
                                    or getattr(draft_input, "nxt_kv_lens_sum", None)
                                    or bs * self.model_runner.model_config.context_len)
-        arrays, verify_loc = self._ddtree_verify_inputs(
+        arrays = self._ddtree_verify_inputs(
             tree, root_tokens, prefix_lens, prefix_sum_bound, req_to_token, batch.req_pool_indices
         )
         verify_input = DDTreeVerifyInput(
@@ -375,17 +419,17 @@ class DDTreeWorker(DFlashWorkerV2):
                 req_pool_indices=batch.req_pool_indices,
                 seq_lens=prefix_lens,
                 seq_lens_cpu=plan_lens_cpu,
-                write_virtual=verify_loc,
+                write_virtual=arrays.out_cache_loc,
                 read_extent=m,
             )
-        batch.out_cache_loc = verify_loc
+        batch.out_cache_loc = arrays.out_cache_loc
         seq_lens_pre_verify = batch.seq_lens.clone() if self._need_mamba_verify_commit else None
         backup = (batch.seq_lens_cpu, batch.seq_lens_sum)
         if seq_lens_cpu is not None:
             batch.seq_lens_cpu = seq_lens_cpu + m
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        verify_forward_batch, _ = _call_version_kwargs(
-            verify_input.prepare_for_verify, batch=batch, target_worker=self.target_worker, defer_metadata_init=False
+        verify_forward_batch, _ = verify_input.prepare_for_verify(
+            batch=batch, target_worker=self.target_worker, **(self._ddtree_prepare_kwargs or {})
         )
         batch.seq_lens_cpu, batch.seq_lens_sum = backup
         snapshot = testing.recurrent_state_snapshot(self.target_worker.model_runner) if testing.GRAPH_CHECK else None
@@ -405,59 +449,53 @@ class DDTreeWorker(DFlashWorkerV2):
         accept_index, accept_len, bonus = self._ddtree_accept(
             tree, arrays, logits_output.next_token_logits, batch.sampling_info
         )
-        commit_lens = (accept_len + 1).to(torch.int32)
+        plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
+                           prefix_lens, backend=self._ddtree_glue)
         if testing.STATS_FILE:
             record = {
                 "bs": bs, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
                 "nonfirst": testing.nonfirst_accepts(tree, accept_index, accept_len).tolist(),
+                "moves": int((plan.move_src >= 0).sum()),
             }
             if check is not None:
                 record["graph_vs_eager_max_abs"], record["graph_vs_eager_argmax_diff"] = check
             testing.write_stats(record)
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
 
-        self._ddtree_commit_kv(
-            self.model_runner.token_to_kv_pool, req_to_token, batch.req_pool_indices, prefix_lens, accept_index,
-            accept_len,
-        )
+        self._ddtree_commit_kv(self.model_runner.token_to_kv_pool, plan)
         if self._need_mamba_verify_commit:
             self._ddtree_mamba_commit(batch, accept_index, accept_len, seq_lens_pre_verify,
-                                      self._ddtree_track_interval(batch))
+                                      self._ddtree_track_interval_value, plan.last_node)
         if on_publish is not None:
-            on_publish(new_seq_lens)
+            on_publish(plan.new_seq_lens)
 
-        # Drafter context: the accepted nodes' target hidden states, at positions prefix..prefix+accept_len.
-        hidden = compact_to_front(logits_output.hidden_states, accept_index, m).view(bs, m, -1)
-        if m < block_size:  # budget + 1 < block size: the drafter block still takes block_size rows
-            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, block_size - m))
-        hidden = hidden[:, :block_size].reshape(bs * block_size, -1)
+        # Drafter context: row k of request b is accepted node accept_index[b, k]'s target hidden state (rows past
+        # the path: any of the request's rows, never committed), at positions prefix..prefix+block_size-1.
+        hidden = torch.index_select(logits_output.hidden_states, 0, plan.hidden_rows)
         block_loc = block_loc_2d.reshape(-1)
         if translator is not None and hasattr(self, "_draft_write_ids"):
-            plan = translator.plan(
+            plan_ids = translator.plan(
                 req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
                 seq_lens_cpu=plan_lens_cpu,
                 write_virtual=block_loc, read_extent=block_size,
             )
-            block_loc = self._draft_write_ids(plan)
+            block_loc = self._draft_write_ids(plan_ids)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden,
             cache_loc=block_loc,
             cache_loc_2d=block_loc.view(bs, block_size),
             positions=block_positions,
-            commit_lens=commit_lens,
+            commit_lens=plan.commit_lens,
         )
         logits_output.hidden_states = None
 
-        path_tokens = torch.gather(arrays.tokens.view(bs, m), 1, accept_index.clamp(min=0))
-        out_tokens = out_tokens_from_path(path_tokens, accept_len, bonus)  # [bs, S]
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
-            accept_lens=commit_lens,
+            next_token_ids=plan.out_tokens.reshape(-1),
+            accept_lens=plan.commit_lens,
             can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=plan.new_seq_lens),
             speculative_num_draft_tokens=block_size,
-            new_seq_lens=new_seq_lens,
+            new_seq_lens=plan.new_seq_lens,
         )
 
 

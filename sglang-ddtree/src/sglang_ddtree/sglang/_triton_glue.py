@@ -1,0 +1,282 @@
+"""Triton kernels of the decode round's glue: one launch each, one program per request, no host synchronisation.
+
+* ``verify_prep``: tree -> every verify array (tokens, positions, chain-first KV slots and their locations,
+  retrieve index) and the tree cells of the FULL_MASK layout written into the backend's mask buffer.
+  Reference: ``verify_input.build_verify_arrays(..., backend="torch")``.
+* ``commit_plan``: accepted path -> emitted tokens, commit lengths, new lengths, KV moves, drafter-context rows,
+  last accepted node. Reference: ``commit.commit_plan_torch``.
+* ``move_kv``: the KV moves of every layer of a slot-major pool (SGLang's ``data_ptrs``/``data_strides``: one
+  base pointer and one row size in bytes per buffer), one program per (request, buffer); a request with nothing
+  to move (its path followed the chain) returns at once. Sources are loaded before any destination is stored
+  (a barrier between the two), so moves of one request may read slots that others write.
+
+Tested against the references in Triton's CPU interpreter (tests/triton_interpreted_check.py) and on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["commit_plan", "move_kv", "verify_prep"]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@triton.jit(do_not_specialize=["B", "N", "root_stride", "r2t_stride"])
+def _verify_prep_kernel(
+    tok_ptr,  # i64 [B, N] tree tokens
+    depth_ptr,  # i64 [B, N]
+    rank_ptr,  # i64 [B, N]
+    anc_ptr,  # u8 [B, M, M]
+    num_ptr,  # i64 [B] valid nodes incl. the root
+    root_ptr,  # int [B] (strided)
+    root_stride,
+    prefix_ptr,  # int [B]
+    pool_ptr,  # int [B] req_pool_indices
+    r2t_ptr,  # int [R, L] req_to_token
+    r2t_stride,
+    B,
+    N,
+    o_tokens,  # i64 [B*M]
+    o_positions,  # i64 [B*M]
+    o_loc,  # [B*M]
+    o_retrieve,  # i64 [B, M]
+    o_slots,  # i64 [B, M]
+    mask_ptr,  # u8 flat FULL_MASK buffer (unused unless WRITE_MASK)
+    WRITE_MASK: tl.constexpr,
+    NB: tl.constexpr,
+    BB: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    m = N + 1
+    i = tl.arange(0, NB)
+    inside = i < m
+    draft = inside & (i >= 1)
+    num = tl.load(num_ptr + b)
+    tok = tl.load(tok_ptr + b * N + i - 1, mask=draft, other=0).to(tl.int64)
+    dep = tl.load(depth_ptr + b * N + i - 1, mask=draft, other=0).to(tl.int64)
+    rnk = tl.load(rank_ptr + b * N + i - 1, mask=draft, other=0)
+    root = tl.load(root_ptr + b * root_stride).to(tl.int64)
+    tok = tl.where(i == 0, root, tok)
+    both = inside[:, None] & inside[None, :]
+    anc = tl.load(anc_ptr + b * m * m + i[:, None] * m + i[None, :], mask=both, other=0)
+    # chain-first slots (verify_input.chain_first_slots)
+    off_rank = draft & (rnk != 0)
+    off_chain = tl.max(((anc != 0) & off_rank[None, :]).to(tl.int32), axis=1)
+    chain = draft & (i < num) & (off_chain == 0)
+    count = tl.sum(chain.to(tl.int64), axis=0)
+    other = draft & (chain == 0)
+    before = tl.sum((other[None, :] & (i[None, :] < i[:, None])).to(tl.int64), axis=1)
+    slot = tl.where(i == 0, 0, tl.where(chain, dep, count + 1 + before))
+    prefix = tl.load(prefix_ptr + b).to(tl.int64)
+    row = tl.load(pool_ptr + b).to(tl.int64)
+    loc = tl.load(r2t_ptr + row * r2t_stride + prefix + slot, mask=inside, other=0)
+    base = b * m
+    tl.store(o_tokens + base + i, tok, mask=inside)
+    tl.store(o_positions + base + i, prefix + dep, mask=inside)
+    tl.store(o_loc + base + i, loc, mask=inside)
+    tl.store(o_retrieve + base + i, tl.where(i < num, base + i, -1), mask=inside)
+    tl.store(o_slots + base + i, slot, mask=inside)
+    if WRITE_MASK:
+        # request b's block starts after the blocks of requests 0..b-1: M * (their prefixes) + b * M * M cells
+        bb = tl.arange(0, BB)
+        prefixes = tl.load(prefix_ptr + bb, mask=bb < B, other=0).to(tl.int64)
+        start = m * tl.sum(tl.where(bb < b, prefixes, 0), axis=0) + b * m * m
+        cell = start + i[:, None] * (prefix + m) + prefix + i[None, :]
+        tl.store(mask_ptr + cell, anc, mask=both)
+
+
+def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer, prefix_lens_sum):
+    """The fields of ``verify_input.TreeVerifyArrays`` but the retrieve links (dict); ``custom_mask`` is the view of
+    ``mask_buffer`` SGLang reads (its tree cells written), or None when ``mask_buffer`` is None."""
+    from .verify_input import mask_numel
+
+    bsz, budget = tree.tokens.shape
+    m = budget + 1
+    device = tree.tokens.device
+    out = {
+        "tokens": torch.empty(bsz * m, dtype=torch.int64, device=device),
+        "positions": torch.empty(bsz * m, dtype=torch.int64, device=device),
+        "out_cache_loc": torch.empty(bsz * m, dtype=req_to_token.dtype, device=device),
+        "retrieve_index": torch.empty((bsz, m), dtype=torch.int64, device=device),
+        "slots": torch.empty((bsz, m), dtype=torch.int64, device=device),
+    }
+    custom_mask = None
+    write_mask = mask_buffer is not None
+    if write_mask:
+        total = mask_numel(prefix_lens_sum, bsz, m)
+        if total > mask_buffer.numel():
+            raise ValueError(f"tree mask needs {total} cells, the verify-mask buffer has {mask_buffer.numel()}")
+        custom_mask = mask_buffer.view(-1)[:total]
+        mask_arg = mask_buffer.view(torch.uint8) if mask_buffer.dtype == torch.bool else mask_buffer
+    else:
+        mask_arg = out["slots"]  # never written (WRITE_MASK is off)
+    ancestors = tree.ancestors
+    ancestors = ancestors.view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.to(torch.uint8)
+    if root_tokens.dim() != 1:
+        raise ValueError(f"root_tokens must be 1-D [B], got {tuple(root_tokens.shape)}")
+    _verify_prep_kernel[(bsz,)](
+        tree.tokens.contiguous(),
+        tree.depths.contiguous(),
+        tree.ranks.contiguous(),
+        ancestors.contiguous(),
+        tree.num_nodes.contiguous(),
+        root_tokens,
+        root_tokens.stride(0),
+        prefix_lens.contiguous(),
+        req_pool_indices.contiguous(),
+        req_to_token,
+        req_to_token.stride(0),
+        bsz,
+        budget,
+        out["tokens"],
+        out["positions"],
+        out["out_cache_loc"],
+        out["retrieve_index"],
+        out["slots"],
+        mask_arg,
+        WRITE_MASK=write_mask,
+        NB=max(16, _next_pow2(m)),
+        BB=max(16, _next_pow2(bsz)),
+        num_warps=4,
+    )
+    out["custom_mask"] = custom_mask
+    return out
+
+
+@triton.jit(do_not_specialize=["N", "W"])
+def _commit_plan_kernel(
+    idx_ptr,  # int [B, W] accepted path (local nodes), -1 padded
+    len_ptr,  # int [B]
+    bonus_ptr,  # int [B]
+    slot_ptr,  # i64 [B, M]
+    loc_ptr,  # int [B*M]
+    tok_ptr,  # i64 [B, N]
+    prefix_ptr,  # int [B]
+    N,
+    W,
+    o_out,  # i64 [B, W]
+    o_commit,  # i32 [B]
+    o_new,  # prefix dtype [B]
+    o_src,  # i64 [B, W]
+    o_dst,  # i64 [B, W]
+    o_rows,  # i64 [B*W]
+    o_last,  # i64 [B]
+    NB: tl.constexpr,
+    WB: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    m = N + 1
+    k = tl.arange(0, WB)
+    kin = k < W
+    length = tl.load(len_ptr + b).to(tl.int64)
+    node = tl.load(idx_ptr + b * W + k, mask=kin, other=-1).to(tl.int64)
+    node = tl.where(node >= 0, node, 0)
+    live = kin & (k <= length)
+    i = tl.arange(0, NB)
+    inside = i < m
+    slot = tl.load(slot_ptr + b * m + i, mask=inside, other=-1)
+    loc = tl.load(loc_ptr + b * m + i, mask=inside, other=0).to(tl.int64)
+    src = tl.sum(tl.where(i[None, :] == node[:, None], loc[None, :], 0), axis=1)
+    dst = tl.sum(tl.where(slot[None, :] == k[:, None], loc[None, :], 0), axis=1)
+    move = live & (src != dst)
+    tl.store(o_src + b * W + k, tl.where(move, src, -1), mask=kin)
+    tl.store(o_dst + b * W + k, tl.where(move, dst, -1), mask=kin)
+    nxt = tl.load(idx_ptr + b * W + k + 1, mask=(k + 1) < W, other=0).to(tl.int64)
+    ntok = tl.load(tok_ptr + b * N + nxt - 1, mask=kin & (k < length) & (nxt >= 1), other=0)
+    bonus = tl.load(bonus_ptr + b).to(tl.int64)
+    out = tl.where(k < length, ntok, tl.where(k == length, bonus, 0))
+    tl.store(o_out + b * W + k, out, mask=kin)
+    tl.store(o_rows + b * W + k, b * m + tl.where(live, node, tl.minimum(k, m - 1)), mask=kin)
+    tl.store(o_last + b, tl.sum(tl.where(kin & (k == length), node, 0), axis=0))
+    tl.store(o_commit + b, (length + 1).to(tl.int32))
+    prefix = tl.load(prefix_ptr + b)
+    tl.store(o_new + b, prefix + (length + 1).to(prefix.dtype))
+
+
+def commit_plan(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens, prefix_lens) -> dict:
+    """The fields of ``commit.CommitPlan`` (dict), from one kernel."""
+    bsz, width = accept_index.shape
+    m = slots.shape[1]
+    device = accept_index.device
+    out = {
+        "out_tokens": torch.empty((bsz, width), dtype=torch.int64, device=device),
+        "commit_lens": torch.empty(bsz, dtype=torch.int32, device=device),
+        "new_seq_lens": torch.empty(bsz, dtype=prefix_lens.dtype, device=device),
+        "move_src": torch.empty((bsz, width), dtype=torch.int64, device=device),
+        "move_dst": torch.empty((bsz, width), dtype=torch.int64, device=device),
+        "hidden_rows": torch.empty(bsz * width, dtype=torch.int64, device=device),
+        "last_node": torch.empty(bsz, dtype=torch.int64, device=device),
+    }
+    _commit_plan_kernel[(bsz,)](
+        accept_index.contiguous(),
+        accept_len.contiguous(),
+        bonus.contiguous(),
+        slots.contiguous(),
+        out_cache_loc.contiguous(),
+        tree_tokens.contiguous(),
+        prefix_lens.contiguous(),
+        m - 1,
+        width,
+        out["out_tokens"],
+        out["commit_lens"],
+        out["new_seq_lens"],
+        out["move_src"],
+        out["move_dst"],
+        out["hidden_rows"],
+        out["last_node"],
+        NB=max(16, _next_pow2(m)),
+        WB=max(16, _next_pow2(width)),
+        num_warps=1,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["W"])
+def _move_kv_kernel(
+    src_ptr,  # i64 [B, W] source slots, -1 = no move
+    dst_ptr,  # i64 [B, W]
+    W,
+    ptrs,  # u64 [NBUF] base address of each buffer
+    strides,  # i64 [NBUF] bytes per slot row
+    TILE: tl.constexpr,
+    WB: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    buf = tl.program_id(1)
+    k = tl.arange(0, WB)
+    src = tl.load(src_ptr + b * W + k, mask=k < W, other=-1)
+    dst = tl.load(dst_ptr + b * W + k, mask=k < W, other=-1)
+    need = src >= 0
+    if tl.sum(need.to(tl.int32), axis=0) > 0:
+        stride = tl.load(strides + buf).to(tl.int64)
+        base = tl.cast(tl.load(ptrs + buf), tl.pointer_type(tl.uint8))
+        for start in range(0, stride, TILE):
+            o = start + tl.arange(0, TILE)
+            sel = need[:, None] & (o[None, :] < stride)
+            vals = tl.load(base + src[:, None] * stride + o[None, :], mask=sel)
+            tl.debug_barrier()  # every source of this tile read before any destination is written
+            tl.store(base + dst[:, None] * stride + o[None, :], vals, mask=sel)
+
+
+def move_kv(move_src: torch.Tensor, move_dst: torch.Tensor, data_ptrs: torch.Tensor, data_strides: torch.Tensor,
+            tile: int = 512) -> None:
+    """Apply ``commit_plan``'s moves to every buffer of a slot-major KV pool (``data_ptrs`` u64 [NBUF] base
+    addresses, ``data_strides`` [NBUF] bytes per slot), in place."""
+    bsz, width = move_src.shape
+    if bsz == 0 or data_ptrs.numel() == 0:
+        return
+    _move_kv_kernel[(bsz, data_ptrs.numel())](
+        move_src.contiguous(),
+        move_dst.contiguous(),
+        width,
+        data_ptrs,
+        data_strides,
+        TILE=tile,
+        WB=max(16, _next_pow2(width)),
+        num_warps=4,
+    )
