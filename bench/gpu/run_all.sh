@@ -106,11 +106,12 @@ run_step() {
     glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;
     cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
-          --contexts 128 --repeats ${COST_REPEATS:-5}" ;;
+          --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5}" ;;
     cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-32} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
-          --label qwen36-27b-hybrid-shape --contexts 128 --repeats ${COST_REPEATS:-5}" ;;
+          --label qwen36-27b-hybrid-shape --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} \
+          --repeats ${COST_REPEATS:-5}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \

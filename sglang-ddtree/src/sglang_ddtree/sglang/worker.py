@@ -21,8 +21,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches), ``_triton_glue.verify_prep`` (all
 verify arrays and the mask cells), the walk (one), ``_triton_glue.commit_plan`` (tokens, lengths, moves, rows)
 and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one). Everything that depends
-only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the KV pool's
-buffer table, the mask buffer's owner) is resolved once when the worker starts, never per step. No per-request
+only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
+tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
 Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
 
 GPU-only: this module is imported lazily by the registered worker factory. Its tensor helpers
@@ -108,7 +108,8 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_tp_group: Any = None
     _ddtree_vocab_size: int | None = None
     _ddtree_prepare_kwargs: dict | None = None
-    _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None
+    _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None  # resolved at the first commit (the pool
+    _ddtree_move_table_resolved = False  # is allocated after the workers are built)
     _ddtree_track_interval_value: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -165,7 +166,6 @@ class DDTreeWorker(DFlashWorkerV2):
         # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
         takes = accepts_keyword(DDTreeVerifyInput.prepare_for_verify, "defer_metadata_init")
         self._ddtree_prepare_kwargs = {"defer_metadata_init": False} if takes else {}
-        self._ddtree_move_table = slot_move_table(self.model_runner.token_to_kv_pool)
         if self._need_mamba_verify_commit:
             self._ddtree_track_interval_value = self._ddtree_track_interval()
 
@@ -324,6 +324,9 @@ class DDTreeWorker(DFlashWorkerV2):
         """Apply the plan's KV moves: the fused kernel on a slot-major pool (requests whose path followed the chain
         cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
         0 -> 0)."""
+        if not self._ddtree_move_table_resolved:
+            self._ddtree_move_table = slot_move_table(kv_pool) if self._ddtree_glue == "triton" else None
+            self._ddtree_move_table_resolved = True
         if self._ddtree_move_table is not None:
             from ._triton_glue import move_kv
 
