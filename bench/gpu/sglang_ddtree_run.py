@@ -58,7 +58,14 @@ def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool
         kwargs.update(speculative_num_draft_tokens=budget + 1)
     shape = models / "shape.json"
     if shape.exists():  # bench/gpu/shapes.py: config only, SGLang makes random weights on the GPU
-        kwargs.update(load_format=json.loads(shape.read_text())["load_format"], mem_fraction_static=0.85)
+        spec = json.loads(shape.read_text())
+        kwargs.update(load_format=spec["load_format"], mem_fraction_static=0.85)
+        if spec.get("dummy_range"):  # wider dummy weights in the engine's processes (dummy_weights/sitecustomize.py)
+            import os
+
+            os.environ["SGLANG_BENCH_DUMMY_RANGE"] = str(spec["dummy_range"])
+            here = str(Path(__file__).resolve().parent / "dummy_weights")
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     if is_hybrid(models) and not hybrid_radix_cache:
         # Hybrid target: no prefix cache, so SGLang's mamba radix cache (extra_buffer state tracking with overlap
         # scheduling, or no_buffer without it) stays out of the equality check; --hybrid-radix-cache keeps

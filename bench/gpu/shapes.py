@@ -91,14 +91,17 @@ def main() -> int:
     ap.add_argument("shape", choices=["qwen3-8b-shape", "qwen36-27b-hybrid-shape"])
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers", type=int, default=64, help="hybrid: target layers (a multiple of 4)")
+    ap.add_argument("--dummy-range", type=float, default=0.02,
+                    help="dummy weights drawn from U(-R, R) (SGLang's own 1e-3 makes nearly every logit tie)")
     args = ap.parse_args()
     target, drafter = qwen3_8b() if args.shape == "qwen3-8b-shape" else qwen36_27b_hybrid(args.layers)
     for name, config in (("target", target), ("drafter", drafter)):
         d = args.out / name
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    (args.out / "shape.json").write_text(json.dumps({"shape": args.shape, "load_format": "dummy",
-                                                     "target_layers": target["num_hidden_layers"]}) + "\n")
+    spec = {"shape": args.shape, "load_format": "dummy", "dummy_range": args.dummy_range,
+            "target_layers": target["num_hidden_layers"]}
+    (args.out / "shape.json").write_text(json.dumps(spec) + "\n")
     print(f"{args.shape}: {args.out} (target {target['num_hidden_layers']} layers, drafter block {BLOCK})")
     return 0
 
