@@ -82,14 +82,17 @@ lab_wait_systemd() {
   done
 }
 
-# lab_remove LABEL NETWORK NAME...: removes the named containers that carry LABEL, then the network if it is empty.
+# lab_remove LABEL NETWORK NAME...: stops and removes the named containers that carry LABEL, then the network if it is
+# empty; says so when there was nothing to remove (a second run).
 lab_remove() {
-  local label=$1 network=$2 name found
+  local label=$1 network=$2 name found removed=0
   shift 2
   for name in "$@"; do
     found=$(docker inspect -f '{{index .Config.Labels "specdec.lab"}}' "$name" 2>/dev/null || true)
     if [ "$found" = "${label#*=}" ]; then
-      docker rm -f "$name" >/dev/null && log "removed $name"
+      docker rm -f "$name" >/dev/null
+      log "removed $name"
+      removed=1
     elif docker inspect "$name" >/dev/null 2>&1; then
       log "$name exists but was not made by this lab (no label $label): left alone" >&2
     fi
@@ -97,8 +100,10 @@ lab_remove() {
   if docker network inspect "$network" >/dev/null 2>&1; then
     if docker network rm "$network" >/dev/null; then
       log "removed network $network"
+      removed=1
     else
       log "network $network still has containers attached: left" >&2
     fi
   fi
+  [ "$removed" = 1 ] || log "nothing to remove: no container of this lab ($*), no network $network"
 }

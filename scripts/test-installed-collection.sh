@@ -55,8 +55,9 @@ log "pivot from the installed collection: ok in $((SECONDS - start)) s"
 ls "$work/cache/specdec.pivot/wheels/"sglang_ddtree-*.whl >/dev/null \
   || fail "no plugin wheel built by the stock venv in $work/cache/specdec.pivot/wheels"
 report=$work/run/reports/pivot-report.json
-[ -f "$report" ] && [ -f "$work/run/reports/pivot-report.md" ] \
-  || fail "no report in $work/run/reports (the default report directory is ./reports of the run's directory)"
+if [ ! -f "$report" ] || [ ! -f "$work/run/reports/pivot-report.md" ]; then
+  fail "no report in $work/run/reports (the default report directory is ./reports of the run's directory)"
+fi
 version=$(sed -n 's/^version: *//p' galaxy.yml)
 "$repo/.venv/bin/python" - "$report" "$version" <<'PY'
 import json, sys
