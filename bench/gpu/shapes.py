@@ -13,10 +13,10 @@ tiny and trained pairs (bench/gpu/lossless.py), not here.
   target layers 1, 9, 17, 25, 33; tests/unit/fixtures/models/qwen3-8b-dflash-b16).
 * ``qwen36-27b-hybrid-shape``: the Qwen3.5/3.6-27B text config of tests/unit/fixtures/models/qwen3.6-27b-like
   (hidden 5120, 24/4 heads of 256, GatedDeltaNet 16/48 heads of 128, MLP 17408, vocab 248320, one full-attention
-  layer in four) with ``--layers`` layers (default 64, the real count), as SGLang's text-only
-  ``Qwen3_5ForCausalLM``; a block-16 drafter of 5 Qwen3 layers at hidden 5120 reading five target layers spread
-  over the depth (z-lab's drafter for this model is not public in this repository's fixtures: its widths here are
-  the 8B drafter's recipe at the 27B hidden size).
+  layer in four) with ``--layers`` layers (default 64, the real count), as the real model's
+  ``Qwen3_5ForConditionalGeneration``; a block-16 drafter of 5 Qwen3 layers at hidden 5120 reading five target
+  layers spread over the depth (z-lab's drafter for this model is not in this repository's fixtures: its widths
+  here are the 8B drafter's recipe at the 27B hidden size).
 """
 
 from __future__ import annotations
@@ -65,25 +65,21 @@ def qwen3_8b() -> tuple[dict, dict]:
 
 
 def qwen36_27b_hybrid(layers: int) -> tuple[dict, dict]:
+    """The real model's class, ``Qwen3_5ForConditionalGeneration`` (its vision tower included, trimmed as in the
+    fixture): SGLang 0.5.17's text-only ``Qwen3_5ForCausalLM`` (models/qwen3_5_text.py) has no
+    ``set_dflash_layers_to_capture``, so DFLASH (and DDTREE) refuse it at start-up (seen on the H200, 12-04)."""
     if layers < 4 or layers % 4:
         raise SystemExit(f"--layers {layers}: use a multiple of 4 (one full-attention layer in four), at least 4")
-    text = json.loads((FIXTURES / "qwen3.6-27b-like" / "config.json").read_text())["text_config"]
-    text.update(
-        architectures=["Qwen3_5ForCausalLM"],
-        num_hidden_layers=layers,
-        layer_types=text["layer_types"][:layers],
-        max_position_embeddings=40960,
-        eos_token_id=0,
-        torch_dtype="bfloat16",
-    )
+    config = json.loads((FIXTURES / "qwen3.6-27b-like" / "config.json").read_text())
+    text = config["text_config"]
+    text.update(num_hidden_layers=layers, layer_types=text["layer_types"][:layers], max_position_embeddings=40960,
+                eos_token_id=0)
     text.pop("mtp_num_hidden_layers", None)
-    # the same RoPE settings as flat keys too, for config readers that predate ``rope_parameters``
-    text.update(rope_theta=text["rope_parameters"]["rope_theta"],
-                partial_rotary_factor=text["rope_parameters"]["partial_rotary_factor"])
+    config.update(eos_token_id=0, torch_dtype="bfloat16")
     ids = sorted({round(i * (layers - 1) / 4) for i in range(5)})
     drafter = _drafter(5120, 32, 8, 128, 17408, text["vocab_size"], layers, ids,
                        float(text["rope_parameters"]["rope_theta"]), 40960)
-    return text, drafter
+    return config, drafter
 
 
 def main() -> int:
@@ -100,9 +96,10 @@ def main() -> int:
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     spec = {"shape": args.shape, "load_format": "dummy", "dummy_range": args.dummy_range,
-            "target_layers": target["num_hidden_layers"]}
+            "target_layers": target.get("text_config", target)["num_hidden_layers"]}
     (args.out / "shape.json").write_text(json.dumps(spec) + "\n")
-    print(f"{args.shape}: {args.out} (target {target['num_hidden_layers']} layers, drafter block {BLOCK})")
+    layers = target.get("text_config", target)["num_hidden_layers"]
+    print(f"{args.shape}: {args.out} (target {layers} layers, drafter block {BLOCK})")
     return 0
 
 
