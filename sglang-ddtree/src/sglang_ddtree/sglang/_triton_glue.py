@@ -90,11 +90,10 @@ def _verify_prep_kernel(
         tl.store(mask_ptr + cell, anc, mask=both)
 
 
-def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer, prefix_lens_sum):
-    """The fields of ``verify_input.TreeVerifyArrays`` but the retrieve links (dict); ``custom_mask`` is the view of
-    ``mask_buffer`` SGLang reads (its tree cells written), or None when ``mask_buffer`` is None."""
-    from .verify_input import mask_numel
-
+def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer, mask_cells):
+    """The fields of ``verify_input.TreeVerifyArrays`` but the retrieve links (dict); ``custom_mask`` is the first
+    ``mask_cells`` (``verify_input.mask_numel``) elements of ``mask_buffer``, the view SGLang reads, with the tree
+    cells written; None when ``mask_buffer`` is None."""
     bsz, budget = tree.tokens.shape
     m = budget + 1
     device = tree.tokens.device
@@ -108,10 +107,9 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
     custom_mask = None
     write_mask = mask_buffer is not None
     if write_mask:
-        total = mask_numel(prefix_lens_sum, bsz, m)
-        if total > mask_buffer.numel():
-            raise ValueError(f"tree mask needs {total} cells, the verify-mask buffer has {mask_buffer.numel()}")
-        custom_mask = mask_buffer.view(-1)[:total]
+        if mask_cells > mask_buffer.numel():
+            raise ValueError(f"tree mask needs {mask_cells} cells, the verify-mask buffer has {mask_buffer.numel()}")
+        custom_mask = mask_buffer.view(-1)[:mask_cells]
         mask_arg = mask_buffer.view(torch.uint8) if mask_buffer.dtype == torch.bool else mask_buffer
     else:
         mask_arg = out["slots"]  # never written (WRITE_MASK is off)

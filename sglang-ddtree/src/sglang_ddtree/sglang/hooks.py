@@ -54,7 +54,7 @@ def spec_need_hidden_states_hook(original, *args: Any, **kwargs: Any) -> bool:
 
 
 def create_dummy_verify_input_hook(original, *args: Any, **kwargs: Any):
-    from .spec_algo import is_ddtree
+    from .server_args import is_ddtree
 
     spec_algorithm = kwargs.get("spec_algorithm", args[0] if args else None)
     if not is_ddtree(spec_algorithm):
@@ -77,7 +77,7 @@ def create_dummy_verify_input_hook(original, *args: Any, **kwargs: Any):
 
 def graph_get_spec_info_hook(original, runner, *args: Any, **kwargs: Any):
     """The target's TARGET_VERIFY graphs of DDTREE are captured reading the custom (tree) mask; see above."""
-    from .spec_algo import is_ddtree
+    from .server_args import is_ddtree
 
     model_runner = runner.model_runner
     if not is_ddtree(model_runner.spec_algorithm) or model_runner.is_draft_worker:

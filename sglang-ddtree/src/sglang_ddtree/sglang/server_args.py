@@ -60,6 +60,7 @@ __all__ = [
     "budget_from_num_draft_tokens",
     "current_block_size",
     "handle_ddtree_server_args",
+    "is_ddtree",
     "read_drafter_info",
 ]
 
@@ -72,6 +73,13 @@ class DDTreeConfigError(ValueError):
 class DrafterInfo:
     architectures: tuple[str, ...]
     block_size: int
+
+
+def is_ddtree(spec_algorithm: Any) -> bool:
+    """True only for the registered DDTREE algorithm object (``spec_algo.DDTreeSpecAlgo``; never for DFLASH or any
+    other): it carries the class attribute ``is_ddtree_algorithm = True``, so the hooks ask without importing
+    the spec module (which imports the worker, which reads the hooks' target names)."""
+    return getattr(type(spec_algorithm), "is_ddtree_algorithm", False) is True
 
 
 def budget_from_num_draft_tokens(num_draft_tokens: Any) -> int:

@@ -26,12 +26,7 @@ from .server_args import current_block_size, handle_ddtree_server_args
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DDTreeSpecAlgo", "is_ddtree"]
-
-
-def is_ddtree(spec_algorithm: Any) -> bool:
-    """True only for the registered DDTREE algorithm object (never for DFLASH or any other)."""
-    return isinstance(spec_algorithm, DDTreeSpecAlgo)
+__all__ = ["DDTreeSpecAlgo"]
 
 
 _DFLASH = SpeculativeAlgorithm.DFLASH
@@ -39,6 +34,9 @@ _DFLASH = SpeculativeAlgorithm.DFLASH
 
 class DDTreeSpecAlgo(CustomSpecAlgo):
     """DDTREE: DFlash drafter, tree verification. See the module docstring."""
+
+    #: Read by ``server_args.is_ddtree`` (the hooks ask it without importing this module).
+    is_ddtree_algorithm = True
 
     # --- identity: a member of the DFLASH family, not DFLASH itself where the name is compared ---------------
     def is_dflash(self) -> bool:

@@ -176,7 +176,7 @@ def build_verify_arrays(
         from ._triton_glue import verify_prep
 
         fields = verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer,
-                             prefix_lens_sum)
+                             mask_numel(prefix_lens_sum, tree.tokens.shape[0], tree.tokens.shape[1] + 1))
         if fields["custom_mask"] is None:
             fields["custom_mask"] = build_tree_custom_mask(tree.ancestors, prefix_lens, prefix_lens_sum)
         return TreeVerifyArrays(
