@@ -16,7 +16,8 @@
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
 # glue-check (the fused glue kernels compiled on the GPU against their torch references), cost-8b, cost-hybrid,
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
-# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5).
+# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5), attn-mask (bench/gpu/attn_mask.py: Triton verify
+# attention with and without the tree mask at 16 and 17 tokens).
 # SKIP="core-bench hybrid" leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -103,6 +104,7 @@ run_step() {
         --sampling ;;
     tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" ;;
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
+    attn-mask) step attn-mask python3 bench/gpu/attn_mask.py --out "$STATE/attn-mask.json" ;;
     glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;
     cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
