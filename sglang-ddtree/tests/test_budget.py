@@ -132,6 +132,32 @@ def test_expected_accept_length_shape_order_bounds(device):
         expected_accept_length(tree, [21])
 
 
+@pytest.mark.cuda
+def test_decode_path_functions_do_not_sync(device):
+    logits = random_logits(8, 15, 4096, seed=1).to(device)
+    cal = Calibration.create(15, device=device)
+    target = torch.randint(0, 4096, (8, 17), device=device)
+
+    def step():
+        tree = build_tree(logits, 32)
+        e = expected_accept_length(tree, (CHAIN, 4, 8, 16, 32), calibration=cal)
+        sub = tree_prefix(tree, 16)
+        accept_index, accept_len, _ = greedy_walk(sub, target)
+        observe(cal, sub.scores, sub.depths, accepted_nodes(accept_index, 16), sub.valid[:, 1:])
+        path, depth = chain_path_logprobs(top1_logprobs(tree))
+        observe(cal, path, depth, chain_accepted(accept_len, 15))
+        return e
+
+    step()  # warm-up (kernel compilation)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        e = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert e.shape == (8, 5) and bool(torch.isfinite(e).all())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # calibration
 

@@ -165,8 +165,8 @@ def expected_accept_length(
         path, depth = chain_path_logprobs(top1.to(tree.scores.device))
         cols.append(calibrated_probs(calibration, path, depth).sum(dim=1, keepdim=True))
     table = torch.cat(cols, dim=1)  # [B, N+2]: 0, E_1..E_N, E_chain
-    index = torch.tensor([n_max + 1 if c == CHAIN else c for c in candidates], device=table.device)
-    return table.index_select(1, index)
+    index = [n_max + 1 if c == CHAIN else c for c in candidates]  # static: slices, no host-to-device copy
+    return torch.cat([table[:, i : i + 1] for i in index], dim=1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def calibrated_probs(calibration: Calibration | None, logp: torch.Tensor, depths
     probs = logp.double().exp()
     if calibration is None:
         return probs
-    factor = calibration.factors().reshape(-1)[calibration.cells(logp, depths)]
+    factor = calibration.factors().take(calibration.cells(logp, depths))
     return (probs * factor).clamp(max=1.0)
 
 
