@@ -1,0 +1,385 @@
+"""Adaptive node budget (issue 24), the CPU-testable core: expected acceptance, its calibration, the choice.
+
+Not wired into the SGLang worker yet: the worker still verifies a fixed budget. This module only computes.
+
+The model
+---------
+One drafter pass gives per-depth distributions q_1..q_D; ``build_tree(logits, N)`` pops the N best rank tuples
+in a fixed total order (score desc, lexicographic asc). That order does not depend on N (a node of rank r needs
+its r elder siblings, so the top-min(N, V) candidates per depth never cut a tuple among the first n <= N pops):
+**the first n nodes of a budget-N tree are the budget-n tree** (:func:`tree_prefix`). So the plugin can build
+once at the largest candidate budget and price every smaller one from the same tree.
+
+A draft node is accepted iff its whole path is (greedy: the target's argmax equals every token on the path;
+sampling: the exact multi-candidate walk accepts a child x with the target's probability of x). Assuming the
+target behaves like the drafter (the token at depth k follows q_k, independently of the path: DFlash's
+per-position distributions do not condition on the drafted prefix), P(node i accepted) = exp(scores_i), and by
+linearity of expectation the expected number of accepted draft nodes when the first n nodes are verified is
+
+    E_n = sum_{i <= n} P(path to i accepted) ~= sum_{i <= n} exp(scores_i).
+
+The chain (DFLASH's verify of the whole block) accepts depth d iff the rank-0 token matches at every depth <= d:
+E_chain = sum_{d=1..D} prod_{k<=d} q_k(rank 0).
+
+The drafter is not calibrated (trained drafters are typically over-confident deep in the block), so
+:class:`Calibration` keeps an online, exponentially decayed ratio observed / predicted per (depth, probability
+bucket) and rescales each node's probability by it (:func:`calibrated_probs`). The independence assumption is
+the other approximation: a calibrated probability per (depth, bucket) absorbs its average error, not its
+per-step error.
+
+The choice: with one verify width per step (one CUDA graph per width), the batch commits sum_b (E_b + 1) tokens
+per step, where +1 is the bonus token, so the plugin picks the candidate that maximises
+B * (mean_b E_b + 1) / cost(B, candidate) (:func:`choose_budget`). ``cost`` is a table measured by the plugin
+at start-up (:class:`StepCostTable`, interpolated between measured batch sizes); nothing here hard-codes a cost.
+The chain is one candidate (:data:`CHAIN`), so a well-calibrated chooser is never worse than DFLASH by more
+than its own cost.
+
+Host synchronisation: :func:`tree_prefix`, :func:`expected_accept_length`, :func:`calibrated_probs`,
+:func:`observe` and :func:`accepted_nodes` are tensor ops on the device of their inputs, with static shapes and
+no host sync (no Python loop over requests). :func:`choose_budget` runs once per step on the host: it reads C
+numbers (the batch mean of the expectations, one device-to-host copy) and a tiny host table; the chosen width
+selects which CUDA graph to replay, so one host read per step is inherent to a per-step width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from .tree import DraftTree
+
+__all__ = [
+    "CHAIN",
+    "Calibration",
+    "StepCostTable",
+    "accepted_nodes",
+    "budget_histogram",
+    "calibrated_probs",
+    "chain_accepted",
+    "chain_path_logprobs",
+    "choose_budget",
+    "expected_accept_length",
+    "observe",
+    "tokens_per_second",
+    "top1_logprobs",
+    "tree_prefix",
+]
+
+CHAIN = 0
+"""The candidate "verify the drafter's argmax chain over the whole block" (DFLASH). Tree budgets are >= 1."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Prefix trees and expected acceptance
+
+
+def tree_prefix(tree: DraftTree, n: int) -> DraftTree:
+    """The budget-n tree contained in a budget-N tree (n <= N): its first n nodes, in the same pop order.
+
+    Equal field by field to ``build_tree(same_logits, n)`` (tested): node columns are sliced, ``ancestors`` is the
+    leading [n+1, n+1] block, children and siblings beyond node n are cut (siblings are in index order and a
+    child's index exceeds its parent's, so a cut link has nothing valid after it), ``num_nodes`` is capped.
+
+    Args:
+        tree: DraftTree of budget N (shapes [B, N], [B, N+1], [B, N+1, N+1]).
+        n: 1 <= n <= N.
+
+    Returns:
+        DraftTree of budget n, views or small new tensors on the same device; no host sync.
+    """
+    if not 1 <= n <= tree.budget:
+        raise ValueError(f"prefix budget must be in 1..{tree.budget}, got {n}")
+    cut = n + 1
+    first_child = tree.first_child[:, :cut]
+    next_sibling = tree.next_sibling[:, :cut]
+    return replace(
+        tree,
+        tokens=tree.tokens[:, :n],
+        depths=tree.depths[:, :n],
+        parents=tree.parents[:, :cut],
+        ancestors=tree.ancestors[:, :cut, :cut],
+        first_child=torch.where(first_child < cut, first_child, -1),
+        next_sibling=torch.where(next_sibling < cut, next_sibling, -1),
+        num_nodes=tree.num_nodes.clamp(max=cut),
+        scores=tree.scores[:, :n],
+        ranks=tree.ranks[:, :n],
+        logprobs=tree.logprobs[:, :n],
+    )
+
+
+def top1_logprobs(tree: DraftTree) -> torch.Tensor:
+    """float32 [B, D]: log q_d(rank 0) per depth, from the normaliser ``build_tree`` returned.
+
+    The argmax logit equals ``row_max``, so its log-probability ``(x - row_max) - row_logsum`` is exactly
+    ``-row_logsum`` (the value the tree ranked). Trees from ``build_tree_from_topk`` carry no normaliser: pass
+    the rank-0 column of their top-k log-probabilities instead.
+    """
+    if tree.row_logsum is None:
+        raise ValueError("this tree has no row_logsum (build_tree_from_topk): pass chain_logprobs explicitly")
+    return -tree.row_logsum
+
+
+def chain_path_logprobs(top1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax chain as nodes: (path log-probability float64 [B, D], depth int64 [B, D] = 1..D).
+
+    ``path[:, d-1] = sum_{k<=d} log q_k(rank 0)``, accumulated left to right in float64 like the tree's scores,
+    so it equals the score of the rank-(0, ..., 0) node whenever the tree holds it.
+    """
+    path = top1.double().cumsum(dim=-1)
+    depth = torch.arange(1, top1.shape[-1] + 1, device=top1.device).expand(top1.shape)
+    return path, depth
+
+
+def expected_accept_length(
+    tree: DraftTree,
+    candidates: Sequence[int],
+    *,
+    calibration: Calibration | None = None,
+    chain_logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Expected accepted draft nodes per request for every candidate, from one tree built at the largest budget.
+
+    Args:
+        tree: DraftTree of budget N >= every tree candidate.
+        candidates: budgets n in 1..N, and/or :data:`CHAIN` (static Python ints, e.g. ``(CHAIN, 4, 8, 16, 32)``).
+        calibration: if given, node probabilities go through :func:`calibrated_probs`; else raw exp(scores).
+        chain_logprobs: float [B, D] rank-0 log-probabilities per depth, needed for CHAIN when the tree has no
+            normaliser (default :func:`top1_logprobs`).
+
+    Returns:
+        float64 [B, C]: column c is E[accepted draft nodes] (0..D; the round commits this + 1 tokens) if
+        candidate c were verified. Tree columns: cumulative sums of the node probabilities in pop order, so
+        non-decreasing in n. Padding nodes (tiny vocabularies) count 0. Device of the tree, no host sync.
+    """
+    n_max = tree.budget
+    bad = [c for c in candidates if c != CHAIN and not 1 <= c <= n_max]
+    if bad:
+        raise ValueError(f"tree candidates must be in 1..{n_max} (the tree's budget) or CHAIN, got {bad}")
+    probs = calibrated_probs(calibration, tree.scores, tree.depths)
+    cols = [torch.zeros_like(probs[:, :1]), probs.cumsum(dim=1)]
+    if CHAIN in candidates:
+        top1 = top1_logprobs(tree) if chain_logprobs is None else chain_logprobs
+        path, depth = chain_path_logprobs(top1.to(tree.scores.device))
+        cols.append(calibrated_probs(calibration, path, depth).sum(dim=1, keepdim=True))
+    table = torch.cat(cols, dim=1)  # [B, N+2]: 0, E_1..E_N, E_chain
+    index = [n_max + 1 if c == CHAIN else c for c in candidates]  # static: slices, no host-to-device copy
+    return torch.cat([table[:, i : i + 1] for i in index], dim=1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Online calibration
+
+
+@dataclass
+class Calibration:
+    """Online calibration of path probabilities: decayed sums per (depth, bucket of predicted probability).
+
+    Buckets are uniform in log-probability: bucket k holds predicted path log-probabilities in
+    ``(-(k+1) * bucket_width, -k * bucket_width]`` nats; the last bucket takes everything lower (and -inf).
+    A cell's correction factor is the ratio observed / predicted, shrunk towards the same bucket pooled over all
+    depths by ``prior`` pseudo-acceptances, which is itself shrunk towards 1 (trust the drafter) the same way:
+
+        f_k     = (sum_d observed[d, k] + prior) / (sum_d predicted[d, k] + prior)
+        f[d, k] = (observed[d, k] + prior * f_k) / (predicted[d, k] + prior)
+
+    and a node's calibrated probability is ``min(1, exp(logp) * f[depth, bucket])``. Every :func:`observe` first
+    multiplies both sums by ``decay`` (per step: an old regime fades with half-life log(0.5)/log(decay) steps).
+
+    Fields: predicted, observed: float64 [D, K] (fixed size, updated in place by :func:`observe`); decay in
+    (0, 1]; bucket_width > 0 (nats); prior >= 0. A ratio per bucket corrects scale (2x over-confidence is f =
+    0.5) and keeps the order of nodes within a bucket. A child may come out above its parent across a bucket
+    edge; the expectation only sums, so this is harmless.
+    """
+
+    predicted: torch.Tensor
+    observed: torch.Tensor
+    decay: float = 0.99
+    bucket_width: float = 0.5
+    prior: float = 2.0
+
+    @classmethod
+    def create(
+        cls,
+        max_depth: int,
+        *,
+        num_buckets: int = 16,
+        bucket_width: float = 0.5,
+        decay: float = 0.99,
+        prior: float = 2.0,
+        device: torch.device | str | None = None,
+    ) -> Calibration:
+        """Empty state for depths 1..max_depth (factors all 1 until observations arrive)."""
+        if max_depth < 1 or num_buckets < 1:
+            raise ValueError("max_depth and num_buckets must be >= 1")
+        if not 0.0 < decay <= 1.0 or bucket_width <= 0.0 or prior < 0.0:
+            raise ValueError("need 0 < decay <= 1, bucket_width > 0, prior >= 0")
+        zeros = torch.zeros(max_depth, num_buckets, dtype=torch.float64, device=device)
+        return cls(zeros, zeros.clone(), decay=decay, bucket_width=bucket_width, prior=prior)
+
+    def buckets(self, logp: torch.Tensor) -> torch.Tensor:
+        """int64, shape of ``logp``: bucket of each predicted path log-probability."""
+        k = (-logp.double() / self.bucket_width).floor().clamp(0, self.predicted.shape[1] - 1)
+        return torch.nan_to_num(k, nan=0.0).long()
+
+    def cells(self, logp: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """int64, shape of ``logp``: flat index (depth - 1) * K + bucket; depths clamped to 1..D (padding -> 1)."""
+        d = depths.long().clamp(1, self.predicted.shape[0]) - 1
+        return d * self.predicted.shape[1] + self.buckets(logp)
+
+    def factors(self) -> torch.Tensor:
+        """float64 [D, K]: the correction factor of every cell (see the class docstring)."""
+        pooled = (self.observed.sum(0) + self.prior) / (self.predicted.sum(0) + self.prior)
+        return (self.observed + self.prior * pooled) / (self.predicted + self.prior)
+
+
+def calibrated_probs(calibration: Calibration | None, logp: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """float64, shape of ``logp``: acceptance probability of each node from its path log-probability and depth.
+
+    ``exp(logp)`` when ``calibration`` is None, else ``min(1, exp(logp) * factor[depth, bucket])``. -inf (padding)
+    gives 0. Device of the inputs, no host sync.
+    """
+    probs = logp.double().exp()
+    if calibration is None:
+        return probs
+    factor = calibration.factors().take(calibration.cells(logp, depths))
+    return (probs * factor).clamp(max=1.0)
+
+
+def accepted_nodes(accept_index: torch.Tensor, budget: int) -> torch.Tensor:
+    """bool [B, n]: which of the n verified draft nodes were accepted, from a walk's ``accept_index [B, D+1]``.
+
+    ``accept_index`` is root first then accepted node indices (1..n), -1 padded (``greedy_walk``/``sampling_walk``).
+    """
+    hit = torch.zeros(accept_index.shape[0], budget + 1, dtype=torch.bool, device=accept_index.device)
+    hit.scatter_(1, accept_index.clamp(min=0), True)  # -1 padding lands on the root column, dropped below
+    return hit[:, 1:]
+
+
+def chain_accepted(accept_len: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """bool [B, D]: depth d of the chain was accepted (d <= accept_len), for :func:`observe` after a DFLASH step."""
+    depth = torch.arange(1, max_depth + 1, device=accept_len.device)
+    return depth[None, :] <= accept_len[:, None]
+
+
+def observe(
+    calibration: Calibration,
+    logp: torch.Tensor,
+    depths: torch.Tensor,
+    accepted: torch.Tensor,
+    valid: torch.Tensor | None = None,
+) -> None:
+    """Fold one step's verified nodes into ``calibration`` (in place: capturable, no host sync).
+
+    Args:
+        calibration: the state; both sums are first multiplied by its decay.
+        logp: float [B, n] predicted path log-probabilities of the verified nodes (tree ``scores[:, :n]``, or
+            :func:`chain_path_logprobs` for a DFLASH step). Use the RAW drafter values, not calibrated ones.
+        depths: int [B, n], 1..D.
+        accepted: bool [B, n], e.g. :func:`accepted_nodes` or :func:`chain_accepted`.
+        valid: bool [B, n] or None; False entries (padding nodes, idle requests) are ignored.
+    """
+    cells = calibration.cells(logp, depths).reshape(-1)
+    weight = torch.ones_like(logp, dtype=torch.float64) if valid is None else valid.double()
+    weight = torch.where(torch.isneginf(logp), 0.0, weight)
+    calibration.predicted.mul_(calibration.decay)
+    calibration.observed.mul_(calibration.decay)
+    calibration.predicted.view(-1).index_add_(0, cells, (logp.double().exp() * weight).reshape(-1).nan_to_num(0.0))
+    calibration.observed.view(-1).index_add_(0, cells, (accepted.double() * weight).reshape(-1))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The choice
+
+
+@dataclass(frozen=True)
+class StepCostTable:
+    """Measured ms per decode step for each candidate at a few batch sizes (the plugin measures it at start-up).
+
+    Fields: batch_sizes: strictly increasing ints, S >= 1; candidates: C distinct ints (:data:`CHAIN` or a budget);
+    cost_ms: S rows of C positive floats, ``cost_ms[s][c]`` = one step of candidate c at batch_sizes[s].
+    """
+
+    batch_sizes: tuple[int, ...]
+    candidates: tuple[int, ...]
+    cost_ms: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(
+            b >= a for a, b in zip(self.batch_sizes[1:], self.batch_sizes[:-1], strict=True)
+        ):
+            raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {self.batch_sizes}")
+        if len(set(self.candidates)) != len(self.candidates) or any(c < 0 for c in self.candidates):
+            raise ValueError(f"candidates must be distinct, CHAIN (0) or budgets >= 1, got {self.candidates}")
+        if len(self.cost_ms) != len(self.batch_sizes) or any(len(r) != len(self.candidates) for r in self.cost_ms):
+            raise ValueError("cost_ms must have one row per batch size and one column per candidate")
+        if not all(math.isfinite(x) and x > 0 for r in self.cost_ms for x in r):
+            raise ValueError("costs must be finite and > 0 ms")
+
+    def cost_at(self, batch_size: float) -> list[float]:
+        """C costs in ms at ``batch_size``: linear interpolation between the measured batch sizes around it,
+        the nearest measured row outside their range (only ratios between candidates matter to the choice)."""
+        sizes, rows = self.batch_sizes, self.cost_ms
+        if batch_size <= sizes[0]:
+            return list(rows[0])
+        if batch_size >= sizes[-1]:
+            return list(rows[-1])
+        hi = next(i for i, s in enumerate(sizes) if s >= batch_size)
+        t = (batch_size - sizes[hi - 1]) / (sizes[hi] - sizes[hi - 1])
+        return [(1 - t) * a + t * b for a, b in zip(rows[hi - 1], rows[hi], strict=True)]
+
+
+def tokens_per_second(
+    expected: torch.Tensor | Sequence[float], cost_ms: Sequence[float], batch_size: int
+) -> list[float]:
+    """Committed tokens per second of the batch for each candidate: batch_size * (E + 1) / cost * 1000.
+
+    Args:
+        expected: [B, C] per-request expected accepted draft nodes (the batch mean is used), or [C] already
+            averaged. One device-to-host copy of C numbers if it lives on a GPU.
+        cost_ms: C step costs in ms (e.g. ``StepCostTable.cost_at(batch_size)``).
+        batch_size: B.
+    """
+    e = torch.as_tensor(expected, dtype=torch.float64)
+    if e.dim() == 2:
+        e = e.mean(dim=0)
+    mean = e.cpu().tolist()
+    if len(mean) != len(cost_ms):
+        raise ValueError(f"{len(mean)} expectations for {len(cost_ms)} costs")
+    return [batch_size * (m + 1.0) * 1000.0 / c for m, c in zip(mean, cost_ms, strict=True)]
+
+
+def choose_budget(expected: torch.Tensor | Sequence[float], table: StepCostTable, batch_size: int | None = None) -> int:
+    """The candidate (a budget, or :data:`CHAIN`) with the most committed tokens per second. Host side, once per step.
+
+    Args:
+        expected: [B, C] or [C] expected accepted draft nodes, columns in ``table.candidates`` order (e.g.
+            ``expected_accept_length(tree, table.candidates, calibration=cal)``).
+        table: measured step costs.
+        batch_size: the batch size to price (default B of a 2-D ``expected``).
+
+    Ties go to the earlier candidate in the table (list the chain and cheap budgets first).
+    """
+    if batch_size is None:
+        if not isinstance(expected, torch.Tensor) or expected.dim() != 2:
+            raise ValueError("batch_size is required unless expected is a [B, C] tensor")
+        batch_size = int(expected.shape[0])
+    rates = tokens_per_second(expected, table.cost_at(batch_size), batch_size)
+    best = max(range(len(rates)), key=lambda i: (rates[i], -i))
+    return table.candidates[best]
+
+
+def budget_histogram(chosen: Iterable[int], candidates: Sequence[int]) -> dict[str, int]:
+    """Counts of the chosen candidates, for reports (the issue's ``budget_histogram``).
+
+    Keys in ``candidates`` order, every candidate present (zero counts included): ``"chain"`` for :data:`CHAIN`,
+    else the budget as a string. A choice outside ``candidates`` is an error.
+    """
+    counts = {c: 0 for c in candidates}
+    for c in chosen:
+        if c not in counts:
+            raise ValueError(f"chosen budget {c} is not a candidate {tuple(candidates)}")
+        counts[c] += 1
+    return {("chain" if c == CHAIN else str(c)): n for c, n in counts.items()}

@@ -1,0 +1,396 @@
+"""Adaptive budget core (sglang_ddtree.budget): prefix trees, expected acceptance, calibration, the choice."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from sglang_ddtree.budget import (
+    CHAIN,
+    Calibration,
+    StepCostTable,
+    accepted_nodes,
+    budget_histogram,
+    calibrated_probs,
+    chain_accepted,
+    chain_path_logprobs,
+    choose_budget,
+    expected_accept_length,
+    observe,
+    tokens_per_second,
+    top1_logprobs,
+    tree_prefix,
+)
+from sglang_ddtree.tree import build_tree, log_softmax_f32
+from sglang_ddtree.verify import greedy_walk
+
+
+def random_logits(bsz, depth, vocab, seed, scale=2.0, ties=False):
+    gen = torch.Generator().manual_seed(seed)
+    if ties:
+        return torch.randint(0, 2, (bsz, depth, vocab), generator=gen).float()
+    return torch.randn((bsz, depth, vocab), generator=gen) * scale
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# prefix trees
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 4, 10, 24, False), (2, 15, 30, 64, False), (4, 6, 4, 32, True), (2, 2, 2, 16, True), (3, 3, 1, 8, False)],
+    ids=str,
+)
+def test_prefix_of_largest_tree_is_the_smaller_tree(shape, device, backend):
+    bsz, depth, vocab, n_max, ties = shape
+    logits = random_logits(bsz, depth, vocab, seed=5, ties=ties).to(device)
+    big = build_tree(logits, n_max, backend=backend)
+    for n in sorted({1, 2, 3, n_max // 4 or 1, n_max // 2, n_max - 1, n_max}):
+        got, want = tree_prefix(big, n), build_tree(logits, n, backend=backend)
+        for field in ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "ranks"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), (n, field)
+        assert torch.equal(got.scores, want.scores) and torch.equal(got.logprobs, want.logprobs), n
+        assert got.budget == n and got.max_depth == want.max_depth
+
+
+def test_prefix_rejects_out_of_range():
+    tree = build_tree(random_logits(1, 3, 5, seed=0), 4)
+    for n in (0, 5):
+        with pytest.raises(ValueError):
+            tree_prefix(tree, n)
+
+
+def test_chain_path_equals_rank_zero_scores(device, backend):
+    logits = random_logits(4, 7, 9, seed=3, scale=3.0).to(device)
+    tree = build_tree(logits, 40, backend=backend)
+    top1 = top1_logprobs(tree)
+    # independent: the rank-0 log-probability per depth from the full log-softmax
+    assert torch.equal(top1, log_softmax_f32(logits, (tree.row_max, tree.row_logsum)).amax(dim=-1))
+    path, depth = chain_path_logprobs(top1)
+    assert torch.equal(depth[0], torch.arange(1, 8, device=device))
+    ranks, parents, depths, scores = (t.cpu() for t in (tree.ranks, tree.parents, tree.depths, tree.scores))
+    checked = 0
+    for b in range(4):
+        on_chain = {0}
+        for i in range(1, 41):
+            if ranks[b, i - 1] == 0 and int(parents[b, i]) in on_chain:
+                on_chain.add(i)
+                assert scores[b, i - 1].item() == path[b, depths[b, i - 1] - 1].item()
+                checked += 1
+    assert checked >= 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# expected acceptance
+
+
+def test_expected_accept_length_matches_simulated_target(device):
+    """A target that samples each depth's token from the drafter's own q_d: E must equal the walk's mean."""
+    depth, vocab, n_max, samples = 4, 5, 12, 20000
+    logits = random_logits(1, depth, vocab, seed=7, scale=1.5)
+    candidates = (CHAIN, 1, 3, 6, n_max)
+    tree1 = build_tree(logits.to(device), n_max, backend="torch")
+    expected = expected_accept_length(tree1, candidates)[0].cpu()
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.softmax(logits[0].double(), dim=-1)  # [D, V]
+    target = torch.stack([torch.multinomial(q[d], samples, replacement=True, generator=gen) for d in range(depth)], 1)
+    padded = torch.cat([target, torch.zeros(samples, 1, dtype=torch.int64)], 1).to(device)  # [S, D+1]
+    tree = build_tree(logits.expand(samples, depth, vocab).to(device), n_max, backend="torch")
+    for c, want in zip(candidates, expected.tolist(), strict=True):
+        if c == CHAIN:
+            match = (target == logits[0].argmax(-1)[None, :]).long()
+            accepted = match.cumprod(dim=1).sum(dim=1).double()
+        else:
+            sub = tree_prefix(tree, c)
+            _, accept_len, _ = greedy_walk(sub, padded.gather(1, sub.positions), backend="torch")
+            accepted = accept_len.double().cpu()
+        stderr = accepted.std().item() / math.sqrt(samples)
+        assert abs(accepted.mean().item() - want) < 4 * stderr + 1e-9, (c, accepted.mean().item(), want)
+
+
+def test_expected_accept_length_shape_order_bounds(device):
+    logits = random_logits(3, 5, 7, seed=2).to(device)
+    tree = build_tree(logits, 20)
+    widths = list(range(1, 21))
+    e = expected_accept_length(tree, [CHAIN, *widths])
+    assert e.shape == (3, 21) and e.dtype == torch.float64
+    trees = e[:, 1:]
+    assert torch.all(trees[:, 1:] >= trees[:, :-1])  # more nodes never lower the expectation
+    assert torch.all(trees <= torch.tensor(widths, device=device).clamp(max=5))
+    q1 = torch.softmax(logits[:, 0].double(), dim=-1).amax(dim=-1)
+    torch.testing.assert_close(trees[:, 0], q1)  # budget 1: the depth-1 argmax alone
+    # the chain is sum_d prod_{k<=d} q_k(rank 0), computed independently
+    top = torch.softmax(logits.double(), dim=-1).amax(dim=-1)
+    torch.testing.assert_close(e[:, 0], top.cumprod(dim=1).sum(dim=1))
+    # candidate order is the caller's
+    assert torch.equal(expected_accept_length(tree, [8, CHAIN, 2]), e[:, [8, 0, 2]])
+    with pytest.raises(ValueError):
+        expected_accept_length(tree, [21])
+
+
+@pytest.mark.cuda
+def test_decode_path_functions_do_not_sync(device):
+    logits = random_logits(8, 15, 4096, seed=1).to(device)
+    cal = Calibration.create(15, device=device)
+    target = torch.randint(0, 4096, (8, 17), device=device)
+
+    def step():
+        tree = build_tree(logits, 32)
+        e = expected_accept_length(tree, (CHAIN, 4, 8, 16, 32), calibration=cal)
+        sub = tree_prefix(tree, 16)
+        accept_index, accept_len, _ = greedy_walk(sub, target)
+        observe(cal, sub.scores, sub.depths, accepted_nodes(accept_index, 16), sub.valid[:, 1:])
+        path, depth = chain_path_logprobs(top1_logprobs(tree))
+        observe(cal, path, depth, chain_accepted(accept_len, 15))
+        return e
+
+    step()  # warm-up (kernel compilation)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        e = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert e.shape == (8, 5) and bool(torch.isfinite(e).all())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# calibration
+
+
+def simulate(cal, steps, factor_at_depth, seed, bsz=8, depth=6, vocab=8, n=16):
+    """Random trees; each node accepted with probability min(1, exp(score) * factor_at_depth(depth))."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        tree = build_tree(torch.randn((bsz, depth, vocab), generator=gen) * 2, n)
+        truth = (tree.scores.exp() * factor_at_depth(tree.depths)).clamp(max=1.0)
+        accepted = torch.rand(truth.shape, generator=gen, dtype=torch.float64) < truth
+        observe(cal, tree.scores, tree.depths, accepted, tree.valid[:, 1:])
+
+
+def calibration_error(cal, factor_at_depth, seed=999, depth=6):
+    """(relative error of the calibrated E, of the raw E) against the true E on fresh trees, budget 16."""
+    tree = build_tree(random_logits(64, depth, 8, seed=seed), 16)
+    truth = (tree.scores.exp() * factor_at_depth(tree.depths)).clamp(max=1.0).sum(dim=1)
+    got = expected_accept_length(tree, [16], calibration=cal)[:, 0]
+    raw = expected_accept_length(tree, [16])[:, 0]
+    return ((got - truth).abs().sum() / truth.sum()).item(), ((raw - truth).abs().sum() / truth.sum()).item()
+
+
+def test_calibration_corrects_a_2x_overconfident_drafter():
+    def half(d):
+        return torch.full(d.shape, 0.5, dtype=torch.float64)
+
+    cal = Calibration.create(6, decay=0.995)
+    assert torch.equal(cal.factors(), torch.ones(6, 16, dtype=torch.float64))  # no data: trust the drafter
+    err, raw_err = calibration_error(cal, half)
+    assert raw_err > 0.9 and err == raw_err  # uncalibrated: E is twice the truth
+    simulate(cal, 150, half, seed=1)
+    err, raw_err = calibration_error(cal, half)
+    assert err < 0.06 < 0.9 < raw_err, (err, raw_err)
+    assert abs(cal.observed.sum() / cal.predicted.sum() - 0.5) < 0.03
+    busy = cal.predicted > 100  # well-observed cells (about 50 acceptances: a factor's noise is about 0.07)
+    assert busy.sum() >= 6
+    assert torch.all((cal.factors()[busy] - 0.5).abs() < 0.2)
+
+
+def test_calibration_per_depth():
+    """Over-confidence growing with depth (0.8^d): a single scale could not fit it, the per-depth table does."""
+
+    def deeper_worse(d):
+        return 0.8 ** d.double()
+
+    cal = Calibration.create(6, decay=0.995)
+    simulate(cal, 200, deeper_worse, seed=2)
+    err, raw_err = calibration_error(cal, deeper_worse)
+    assert err < 0.06 and raw_err > 0.3, (err, raw_err)
+    for d in range(4):  # depths 1..4 are well observed; each row's ratio is its own depth's factor
+        ratio = (cal.observed[d].sum() / cal.predicted[d].sum()).item()
+        assert ratio == pytest.approx(0.8 ** (d + 1), rel=0.1), d
+
+
+def test_decay_forgets_an_old_regime():
+    def half(d):
+        return torch.full(d.shape, 0.5, dtype=torch.float64)
+
+    def honest(d):
+        return torch.ones(d.shape, dtype=torch.float64)
+
+    fading, frozen = Calibration.create(6, decay=0.97), Calibration.create(6, decay=1.0)
+    for cal in (fading, frozen):
+        simulate(cal, 200, half, seed=3)
+        assert calibration_error(cal, half)[0] < 0.08
+        simulate(cal, 100, honest, seed=4)
+    assert calibration_error(fading, honest)[0] < 0.06
+    assert calibration_error(frozen, honest)[0] > 0.15  # without decay the old regime still weighs 2/3
+
+
+def test_observe_from_the_walk_is_calibrated_when_the_target_is_the_drafter():
+    """End to end through greedy_walk + accepted_nodes: a target sampling from q keeps every factor near 1."""
+    depth, vocab, bsz, n = 4, 6, 256, 10
+    gen = torch.Generator().manual_seed(21)
+    cal = Calibration.create(depth, decay=1.0)
+    for _ in range(40):
+        logits = torch.randn((bsz, depth, vocab), generator=gen) * 1.5
+        tree = build_tree(logits, n)
+        q = torch.softmax(logits.double(), dim=-1).reshape(-1, vocab)
+        target = torch.multinomial(q, 1, generator=gen).view(bsz, depth)
+        padded = torch.cat([target, torch.zeros(bsz, 1, dtype=torch.int64)], 1)
+        accept_index, accept_len, _ = greedy_walk(tree, padded.gather(1, tree.positions))
+        hit = accepted_nodes(accept_index, n)
+        assert torch.equal(hit.sum(dim=1), accept_len)
+        # accepted nodes form the path: each accepted node's parent is accepted (or the root)
+        parent_hit = torch.cat([torch.ones(bsz, 1, dtype=torch.bool), hit], 1).gather(1, tree.parents[:, 1:].clamp(0))
+        assert torch.all(parent_hit[hit])
+        observe(cal, tree.scores, tree.depths, hit, tree.valid[:, 1:])
+    busy = cal.predicted > 30
+    assert busy.sum() >= 5
+    assert torch.all((cal.factors()[busy] - 1).abs() < 0.2), cal.factors()[busy]
+
+
+def test_chain_observations_and_padding():
+    assert torch.equal(
+        chain_accepted(torch.tensor([0, 2, 4]), 4),
+        torch.tensor([[0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool),
+    )
+    cal = Calibration.create(3, decay=1.0)
+    logp = torch.tensor([[-0.1, -0.2, -float("inf")]], dtype=torch.float64)
+    depths = torch.tensor([[1, 2, 0]])
+    observe(cal, logp, depths, torch.tensor([[True, False, True]]), torch.tensor([[True, True, False]]))
+    assert cal.predicted.sum().item() == pytest.approx(math.exp(-0.1) + math.exp(-0.2))
+    assert cal.observed.sum().item() == 1.0 and cal.observed[0, 0].item() == 1.0
+    assert calibrated_probs(cal, logp, depths)[0, 2].item() == 0.0  # padding stays 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the choice, on recorded tables
+
+# bench/results/step-cost-h200-2026-12-04.md (Qwen3-8B shape, ms per step): DFLASH and DDTREE-16 at batch 1/8/32;
+# DDTREE-8 from issue 24's measured ratios to DFLASH (1.03 / 1.01 / 0.91). Acceptance (issue 24, trained pair,
+# tokens per round): DFLASH 2.38, DDTREE-8 2.55, DDTREE-16 2.68, so E[accepted] = tau - 1.
+DFLASH_MS = (7.30, 8.69, 20.37)
+TREE16_MS = (7.49, 9.40, 24.07)
+TREE8_MS = tuple(r * c for r, c in zip((1.03, 1.01, 0.91), DFLASH_MS, strict=True))
+E_RECORDED = [2.38 - 1, 2.55 - 1, 2.68 - 1]
+
+
+def recorded_table(tree16_ms=TREE16_MS):
+    rows = tuple(zip(DFLASH_MS, TREE8_MS, tree16_ms, strict=True))
+    return StepCostTable(batch_sizes=(1, 8, 32), candidates=(CHAIN, 8, 16), cost_ms=rows)
+
+
+def best_by_hand(expected, costs):
+    rates = [(e + 1) / c for e, c in zip(expected, costs, strict=True)]
+    return rates.index(max(rates))
+
+
+def test_recorded_table_choices():
+    table = recorded_table()
+    for b, row in zip(table.batch_sizes, table.cost_ms, strict=True):
+        assert choose_budget(E_RECORDED, table, b) == table.candidates[best_by_hand(E_RECORDED, row)]
+    assert choose_budget(E_RECORDED, table, 32) == 8  # budget 8 verifies 9 tokens, cheaper than the chain's 16
+    assert choose_budget(E_RECORDED, table, 1) == 16  # the 16-tree's step is within 2.5% of DFLASH's
+    # before the fused glue the 16-tree cost 1.25x DFLASH at batch 1: then 8 wins
+    before = recorded_table(tree16_ms=(1.25 * 7.30, 1.12 * 8.69, 1.21 * 20.37))
+    assert choose_budget(E_RECORDED, before, 1) == 8
+
+
+def test_chain_when_trees_do_not_pay():
+    table = recorded_table()
+    # the 12-03 pair at batch 32: tau DFLASH 1.50, DDTREE-8 1.57, DDTREE-16 1.65
+    weak = [0.50, 0.57, 0.65]
+    assert choose_budget(weak, table, 32) == 8  # budget 8 verifies fewer tokens than the chain: it pays
+    no8 = StepCostTable((32,), (CHAIN, 16), ((DFLASH_MS[2], TREE16_MS[2]),))
+    assert choose_budget([weak[0], weak[2]], no8, 32) == CHAIN  # +10% tokens for +18% time does not
+    assert choose_budget([1.0, 1.0, 1.0], table, 1) == CHAIN
+    # a tie goes to the first candidate (the chain)
+    flat = StepCostTable((1,), (CHAIN, 4, 8), ((5.0, 5.0, 5.0),))
+    assert choose_budget([2.0, 2.0, 2.0], flat, 1) == CHAIN
+
+
+def test_widest_tree_when_acceptance_grows_and_cost_is_flat():
+    gen = torch.Generator().manual_seed(0)
+    table = StepCostTable((1, 64), (CHAIN, 4, 8, 16, 32), ((6.0,) * 5, (30.0,) * 5))
+    for _ in range(50):
+        trees = torch.rand(4, generator=gen).double().cumsum(0) + 1e-3  # strictly increasing with width
+        chain = torch.rand(1, generator=gen).item() * trees[-1].item()  # below the widest tree
+        expected = torch.cat([torch.tensor([chain], dtype=torch.float64), trees])
+        assert choose_budget(expected, table, int(torch.randint(1, 80, (1,), generator=gen))) == 32
+    # but a 5% dearer 32-tree loses to 16 when the gain of the last doubling is under 5% of the tokens
+    dear = StepCostTable((1,), (CHAIN, 4, 8, 16, 32), ((6.0, 6.0, 6.0, 6.0, 6.3),))
+    assert choose_budget([1.0, 1.5, 2.0, 2.5, 2.6], dear, 1) == 16
+
+
+def test_choice_is_monotone_in_cost_and_batch():
+    # raising the 16-tree's cost at batch 1 switches away from it once and never back
+    chosen = []
+    for k in range(60):
+        m = 0.9 + 0.01 * k
+        table = recorded_table(tree16_ms=(m * 7.30, 9.40, 24.07))
+        chosen.append(choose_budget(E_RECORDED, table, 1))
+    first_other = chosen.index(next(c for c in chosen if c != 16))
+    assert chosen[0] == 16 and all(c != 16 for c in chosen[first_other:])
+    # the switch happens where the 16-tree's rate meets the 8-tree's: 2.68 / (m * 7.30) = 2.55 / (1.03 * 7.30)
+    m_switch = 2.68 * 1.03 / 2.55
+    assert 0.9 + 0.01 * (first_other - 1) <= m_switch <= 0.9 + 0.01 * first_other
+    # over batch sizes the chosen budget never grows (the vLLM port's observation): 16 at 1, 8 from some point
+    table = recorded_table()
+    by_batch = [choose_budget(E_RECORDED, table, b) for b in range(1, 65)]
+    assert all(a >= b for a, b in itertools.pairwise(by_batch))  # CHAIN (0) is the narrowest
+    assert by_batch[0] == 16 and by_batch[-1] == 8
+    assert by_batch[40:] == [choose_budget(E_RECORDED, table, 32)] * 24  # beyond the table: its last row
+
+
+def test_cost_interpolation_and_validation():
+    table = recorded_table()
+    mid = table.cost_at(20)  # halfway between batch 8 and 32
+    for got, a, b in zip(mid, table.cost_ms[1], table.cost_ms[2], strict=True):
+        assert got == pytest.approx((a + b) / 2)
+    assert table.cost_at(8) == list(table.cost_ms[1]) and table.cost_at(0.5) == list(table.cost_ms[0])
+    assert table.cost_at(100) == list(table.cost_ms[2])
+    with pytest.raises(ValueError):
+        StepCostTable((8, 8), (CHAIN, 8), ((1.0, 1.0), (2.0, 2.0)))
+    with pytest.raises(ValueError):
+        StepCostTable((1,), (CHAIN, 8), ((1.0, 0.0),))
+    with pytest.raises(ValueError):
+        StepCostTable((1,), (8, 8), ((1.0, 1.0),))
+    with pytest.raises(ValueError):
+        StepCostTable((1, 2), (CHAIN, 8), ((1.0, 1.0),))
+
+
+def test_tokens_per_second_uses_the_batch_mean():
+    per_request = torch.tensor([[1.0, 3.0], [3.0, 1.0], [2.0, 5.0]], dtype=torch.float64)
+    rates = tokens_per_second(per_request, [10.0, 20.0], 3)
+    assert rates == pytest.approx([3 * 3.0 * 100.0, 3 * 4.0 * 50.0])
+    assert tokens_per_second(per_request.mean(0), [10.0, 20.0], 3) == pytest.approx(rates)
+    # a [B, C] tensor prices its own batch size
+    table = StepCostTable((1, 3), (CHAIN, 8), ((10.0, 8.0), (10.0, 20.0)))
+    assert choose_budget(per_request, table) == CHAIN
+    assert choose_budget(per_request, table, batch_size=1) == 8
+
+
+def test_confident_vs_unsure_drafter_end_to_end():
+    """A confident block: the chain gets everything a tree would, cheaper; an unsure one: the widest tree pays."""
+    depth, vocab = 7, 50
+    table = StepCostTable((1,), (CHAIN, 4, 8, 16), ((10.0, 10.0, 10.3, 11.0),))
+    confident = torch.zeros(4, depth, vocab)
+    confident[:, :, 3] = 8.0  # top-1 probability ~0.98 at every depth
+    unsure = torch.zeros(4, depth, vocab)
+    unsure[:, :, :3] = 6.0  # three near-equal tokens per depth
+    picks = {}
+    for name, logits in (("confident", confident), ("unsure", unsure)):
+        e = expected_accept_length(build_tree(logits, 16), table.candidates)
+        picks[name] = choose_budget(e, table)
+    assert picks == {"confident": CHAIN, "unsure": 16}
+
+
+def test_budget_histogram():
+    hist = budget_histogram([8, 16, 8, CHAIN, 8], (CHAIN, 4, 8, 16))
+    assert hist == {"chain": 1, "4": 0, "8": 3, "16": 1}
+    assert list(hist) == ["chain", "4", "8", "16"]
+    with pytest.raises(ValueError):
+        budget_histogram([32], (CHAIN, 8))
