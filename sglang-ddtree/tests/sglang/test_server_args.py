@@ -27,9 +27,11 @@ def test_ddtree_defaults(model_dirs):
 
 @pytest.mark.parametrize(("num_draft_tokens", "budget"), [(2, 1), (9, 8), (33, 32), (64, 63)])
 def test_budget_from_num_draft_tokens(model_dirs, num_draft_tokens, budget):
-    got = resolve([*base_argv(model_dirs, "DDTREE"), "--speculative-num-draft-tokens", str(num_draft_tokens)])
+    # the block-4 drafter: a budget of 1 verifies 2 tokens, and SGLang reserves 2 x 2 >= 4 slots per step
+    got = resolve([*base_argv(model_dirs, "DDTREE", drafter="drafter4"), "--speculative-num-draft-tokens",
+                   str(num_draft_tokens)])
     assert got["speculative_num_draft_tokens"] == budget + 1
-    assert got["speculative_dflash_block_size"] == 8
+    assert got["speculative_dflash_block_size"] == 4
 
 
 def test_block_size_follows_the_drafter(model_dirs):
@@ -77,6 +79,10 @@ def test_plain_dflash_is_unchanged_with_the_plugin_loaded(model_dirs):
             r"--speculative-num-draft-tokens=1 gives a DDTREE node budget of 0.*1\.\.63",
         ),
         (["--speculative-num-draft-tokens", "65"], "drafter", r"--speculative-num-draft-tokens=65 .*budget of 64"),
+        # block 8: 2 x 3 reserved slots < 8 block positions (the smallest accepted is 4, a budget of 3)
+        (["--speculative-num-draft-tokens", "3"], "drafter",
+         r"--speculative-num-draft-tokens=3 \(node budget 2\) is too small .* block_size 8.*"
+         r">= 4 \(a budget of at least 3\)"),
         (["--attention-backend", "fa3"], "drafter", r"--attention-backend='fa3'.*\['triton'\]; pass"),
         # FlashInfer's captured verify graphs were never run with a tree: refused until a GPU run proves them
         (["--attention-backend", "flashinfer"], "drafter", r"--attention-backend='flashinfer'.*CUDA-graph"),

@@ -274,6 +274,16 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"{drafter.block_size}; DDTREE reads the block size from the drafter config, drop the flag"
         )
 
+    if 2 * (budget + 1) < drafter.block_size:
+        least = -(-drafter.block_size // 2)
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={budget + 1} (node budget {budget}) is too small for the drafter's "
+            f"block_size {drafter.block_size}: SGLang's DFLASH decode reserves 2 x num_draft_tokens = "
+            f"{2 * (budget + 1)} KV slots ahead of each request per step, and the drafter's block writes "
+            f"{drafter.block_size}, so its last positions would land in slots the request does not own; use "
+            f"--speculative-num-draft-tokens >= {least} (a budget of at least {least - 1})"
+        )
+
     raw = getattr(cfg, "_raw_input", None)  # 0.5.23: the user's own inputs; 0.5.17: none kept
     raw = raw if isinstance(raw, dict) else None
     for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
