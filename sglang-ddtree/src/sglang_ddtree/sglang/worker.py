@@ -325,7 +325,11 @@ class DDTreeWorker(DFlashWorkerV2):
         cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
         0 -> 0)."""
         if not self._ddtree_move_table_resolved:
-            self._ddtree_move_table = slot_move_table(kv_pool) if self._ddtree_glue == "triton" else None
+            # The fused kernel indexes the buffers with the verify's locations as they are: not where SGLang
+            # translates virtual KV locations to physical ones (0.5.23's unified pools); the pool's own move does.
+            translated = getattr(self.model_runner, "kv_index_translator", None) is not None
+            fused = self._ddtree_glue == "triton" and not translated
+            self._ddtree_move_table = slot_move_table(kv_pool) if fused else None
             self._ddtree_move_table_resolved = True
         if self._ddtree_move_table is not None:
             from ._triton_glue import move_kv
