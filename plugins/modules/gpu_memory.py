@@ -385,6 +385,8 @@ fit:
     min_kv_tokens_needed: 32768
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.specdec.pivot.plugins.module_utils import _model_fit, _nvidia
 
@@ -439,7 +441,7 @@ def load_models(module: AnsibleModule, fit: dict):
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    if params["timeout"] <= 0:
+    if not math.isfinite(params["timeout"]) or params["timeout"] <= 0:
         module.fail_json(msg=f"timeout={params['timeout']!r}: must be a positive number of seconds, e.g. 15")
     if params["backend"] == "nvml" and not _nvidia.HAS_PYNVML:
         module.fail_json(
