@@ -175,7 +175,7 @@ def config_problem(config: dict) -> str | None:
     scopes = [("", config)]
     if "text_config" in config:
         if not isinstance(config["text_config"], dict):
-            return f"text_config is not an object (got {type(config['text_config']).__name__})"
+            return f"has a text_config that is not an object (got {type(config['text_config']).__name__})"
         scopes.append(("text_config.", config["text_config"]))
     for prefix, scope in scopes:
         for key, minimum in CONFIG_INTS.items():
