@@ -12,10 +12,13 @@ The one policy the modules (``sglang_capabilities``, ``sglang_server_args``) and
 - Every ``Environment=``, ``EnvironmentFile=`` and ``env NAME=value`` value is a secret unless its NAME is harmless
   (:func:`harmless_env_name`: :data:`HARMLESS_ENV_NAMES`, or a :data:`HARMLESS_ENV_PREFIXES` name that holds none of
   :data:`_SECRET_WORD_RE`'s words), or the value itself carries nothing (:func:`harmless_value`: empty, a boolean
-  word, a number of at most 5 characters, a bare ``$VAR`` reference). Names are never secret; values are.
+  word, a number of at most 5 characters, a bare ``$VAR`` reference, an absolute path). Names are never secret;
+  values are.
 - :func:`mask` replaces each secret value by a named marker ``{secret:NAME}`` (``NAME`` is the flag or the variable),
   so the controller can put the real values back (:func:`unmask`) where the unit is re-written, and shows ``***``
-  (:data:`MASK`) everywhere else.
+  (:data:`MASK`) everywhere else. A key (a flag's value) is replaced wherever it occurs; an environment value where
+  it is a whole string (a dict value, an argv word) or follows its ``NAME=``, never inside other text: such values
+  are often ordinary words or paths (``MODEL=Qwen3``) that other fields (the model path, the interpreter) contain.
 
 Pure functions; keeps to Python 3.8 syntax with ``from __future__ import annotations``.
 """
@@ -75,7 +78,7 @@ HARMLESS_ENV_NAMES = frozenset(
 #: the name holds a secret-sounding word (``SGLANG_API_KEY``, ``NCCL_..._TOKEN`` stay secret).
 HARMLESS_ENV_PREFIXES = ("LC_", "CUDA_", "NCCL_", "SGLANG_", "TORCH_", "OMP_", "MKL_")
 _SECRET_WORD_RE = re.compile(r"KEY|TOKEN|SECRET|PASS|PWD|AUTH|CRED|DSN|CERT|PRIVATE|SIGN|SESSION|COOKIE|UR[LI]", re.I)
-_HARMLESS_VALUE_RE = re.compile(r"^(?:true|false|yes|no|on|off|[-+]?[0-9.]{1,5}|\$\{?\w+\}?)$", re.I)
+_HARMLESS_VALUE_RE = re.compile(r"^(?:true|false|yes|no|on|off|[-+]?[0-9.]{1,5}|\$\{?\w+\}?|/[^\s@]*)$", re.I)
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: What a secret looks like where it is shown (plan, --diff, report, console).
@@ -102,7 +105,8 @@ def harmless_env_name(name: str) -> bool:
 
 
 def harmless_value(value: str) -> bool:
-    """An environment value that carries no secret: empty, a boolean word, a short number, a bare ``$VAR``."""
+    """An environment value that carries no secret: empty, a boolean word, a short number, a bare ``$VAR``, an
+    absolute path (or a ``:`` list of them, without ``@``)."""
     return not value or bool(_HARMLESS_VALUE_RE.match(value))
 
 
@@ -167,31 +171,53 @@ def unit_secrets(argv: list[str], *environments: Mapping | None) -> dict[str, st
     return found
 
 
-def _pattern(values: list[str]):
-    """One regex for every value (longest first; under 4 characters only as a whole word): one pass, so a marker
-    put in for one value is never searched for another."""
-    parts = []
-    for value in sorted(set(values), key=lambda v: (-len(v), v)):
-        if len(value) >= 4:
-            parts.append(re.escape(value))
+def is_key(name: str) -> bool:
+    """Whether a secret's name is a flag's (an API key: replaced wherever it occurs), not a variable's."""
+    return name.startswith("--")
+
+
+def _pattern(secrets: Mapping[str, str]):
+    """One regex for every secret, longest first, so one pass replaces them all and a marker put in for one value is
+    never searched for another. A key matches anywhere (under 4 characters only as a whole word); an environment
+    value only after its ``NAME=`` (the value alone is matched by :func:`mask` as a whole string)."""
+    parts: list[tuple[int, str]] = []
+    for name, value in secrets.items():
+        if is_key(name):
+            exp = re.escape(value) if len(value) >= 4 else r"(?<![\w-])" + re.escape(value) + r"(?![\w-])"
         else:
-            parts.append(r"(?<![\w-])" + re.escape(value) + r"(?![\w-])")
-    return re.compile("|".join(parts))
+            exp = r"(?<![\w])" + re.escape(name.split("#", 1)[0] + "=") + "(?P<v" + str(len(parts)) + ">"
+            exp += re.escape(value) + r")(?![^\s\"',;}])"
+        parts.append((len(value), exp))
+    return re.compile("|".join(e for _, e in sorted(parts, key=lambda p: -p[0])))
 
 
 def mask(data, secrets: Mapping[str, str], named: bool = True):
     """``data`` (str, list, dict, nested) with every secret value replaced: by its marker (``named``) or ``***``.
 
-    Each secret (longest first) is replaced wherever it occurs in a string, a value shorter than 4 characters only
-    where it is a whole word. Dict keys are masked too.
+    A string equal to a secret is replaced whole. Inside a longer string, a key (:func:`is_key`) is replaced
+    wherever it occurs (under 4 characters only as a whole word), an environment value only where it follows its
+    ``NAME=`` (``env HF_TOKEN=K3``, ``Environment=HF_TOKEN=K3``). Dict keys are masked too.
     """
-    names = {str(v): k for k, v in (secrets or {}).items() if v not in (None, "")}
-    if not names:
+    secrets = {k: str(v) for k, v in (secrets or {}).items() if v not in (None, "")}
+    if not secrets:
         return data
-    pattern = _pattern(list(names))
+    exact = {v: k for k, v in secrets.items()}
+    by_group = {f"v{i}": k for i, k in enumerate(secrets) if not is_key(k)}
+    keys = {v: k for k, v in secrets.items() if is_key(k)}
+    pattern = _pattern(secrets)
+
+    def sub(m) -> str:
+        group = next((g for g, v in m.groupdict().items() if v is not None), None)
+        if group is None:
+            return marker(keys[m.group(0)]) if named else MASK
+        name = by_group[group]
+        head = m.group(0)[: m.start(group) - m.start(0)]
+        return head + (marker(name) if named else MASK)
 
     def one(text: str) -> str:
-        return pattern.sub(lambda m: marker(names[m.group(0)]) if named else MASK, text)
+        if text in exact:
+            return marker(exact[text]) if named else MASK
+        return pattern.sub(sub, text)
 
     def walk(item):
         if isinstance(item, str):

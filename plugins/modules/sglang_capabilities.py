@@ -123,8 +123,9 @@ notes:
     C(PYTHONPATH), C(CUDA_VISIBLE_DEVICES), C(OMP_NUM_THREADS), C(HF_HOME), C(HF_HUB_OFFLINE), names starting
     with C(CUDA_), C(NCCL_), C(SGLANG_), C(TORCH_), C(LC_) unless they hold a word such as KEY, TOKEN, SECRET,
     PASS, AUTH, CRED, DSN, URL; see module_utils C(_secrets)) is replaced, in every returned field, by the marker
-    C({secret:NAME}) (NAME the flag or the variable), and Ansible masks what is left with C(********). Values that
-    carry nothing (empty, a boolean word, a number of at most 5 characters, a bare C($VAR)) are shown.
+    C({secret:NAME}) (NAME the flag or the variable) - a key wherever it occurs, an environment value where it is
+    a whole value or follows its C(NAME=) - and Ansible masks any key left with C(********). Values that carry
+    nothing (empty, a boolean word, a number of at most 5 characters, a bare C($VAR), an absolute path) are shown.
     RV(secrets) names them. The role specdec.pivot.sglang_preflight reads the values themselves under C(no_log)."
   - Every new value (O(speculative_flags), O(extra_args)) is a literal value; RV(exec_start_new) writes it escaped
     for systemd (C(%) as C(%%), C($) as C($$)), so RV(exec_start_new) is what systemd runs. The words kept from the
@@ -700,11 +701,14 @@ def main() -> None:
             info = read_unit(module, p["unit"])
             env = unit_environment(module, info)
             parsed = unit_exec_start(module, info)
-            # Secrets are found before anything is returned: every field of the result is masked with them.
+            # Secrets are found before anything is returned: every field of the result is masked with them, and
+            # the ExecStart lines are rendered from the masked words. The keys are also left to Ansible's masking
+            # (no_log_values); environment values are not, since Ansible masks a value inside any text (a
+            # MODEL=Qwen3 would blank the model path and the interpreter path the role goes on with).
             secrets = _secrets.unit_secrets(
                 parsed["argv"], info["environment"], env, parsed["env_assignments"], p["environment"]
             )
-            module.no_log_values.update(v for v in secrets.values() if len(v) >= 4)
+            module.no_log_values.update(v for k, v in secrets.items() if _secrets.is_key(k) and len(v) >= 4)
             env.update(parsed["env_assignments"])
             if p["unit_python"]:
                 python, source = p["unit_python"], "unit_python option"
@@ -712,8 +716,10 @@ def main() -> None:
                     raise ProbeError(f"unit_python={python} is not an executable file; point it at the interpreter")
             else:
                 python, source = resolve_interpreter(parsed, p["unit"], env, info["working_directory"])
+            shown = _secrets.mask(parsed, secrets)  # resolve_interpreter above used the real words
+            info["exec_start"] = _sglang.render_exec_start(shown)
             result["unit"] = info
-            result["exec_start_parsed"] = parsed
+            result["exec_start_parsed"] = shown
             if info["working_directory"] and info["working_directory"] != "~":
                 if os.path.isdir(info["working_directory"]):
                     cwd = info["working_directory"]
@@ -721,7 +727,7 @@ def main() -> None:
                     module.warn(f"WorkingDirectory {info['working_directory']} does not exist; the probe runs in /")
                     cwd = "/"
             if p["speculative_flags"] is not None:
-                result["exec_start_new"] = new_exec_start(parsed, info, p["speculative_flags"], p["extra_args"])
+                result["exec_start_new"] = new_exec_start(shown, info, p["speculative_flags"], p["extra_args"])
         else:
             python, source = p["python"], "python option"
             if not os.path.exists(python):
@@ -785,10 +791,9 @@ def main() -> None:
 
 
 def masked_result(module: AnsibleModule, result: dict, secrets: dict) -> dict:
-    """The result with every secret value replaced by its marker ``{secret:NAME}``, and the names in ``secrets``.
-
-    The values are also in ``module.no_log_values`` (those of 4 characters or more), so Ansible masks what is left
-    (warnings, the invocation) with ``********``.
+    """The result with every secret value replaced by its marker ``{secret:NAME}`` (module_utils ``_secrets.mask``),
+    the names in ``secrets``, and the invocation's secrets as ``***``. The keys (4 characters or more) are also in
+    ``module.no_log_values``, so Ansible masks any left (in a warning) with ``********``.
     """
     out = _secrets.mask(result, secrets)
     out["secrets"] = sorted(secrets)
