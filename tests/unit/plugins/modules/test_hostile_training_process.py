@@ -177,7 +177,10 @@ def test_a_symlink_out_of_the_directory_is_not_a_checkpoint(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint-100").mkdir()
-    (run / "checkpoint-999").symlink_to("/etc")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.utime(outside, (time.time() + 60, time.time() + 60))  # newer than any checkpoint of the run
+    (run / "checkpoint-999").symlink_to(outside)
     r = run_module({"script": "x.py", "checkpoint_dir": str(run)})
     assert r["checkpoint"]["path"] == str(run / "checkpoint-100"), r["checkpoint"]
 
