@@ -87,19 +87,19 @@ def test_secrets_are_named_markers_where_they_stood(planted):
 def test_new_values_are_escaped_for_systemd(tmp_path, value, written):
     """systemd expands % specifiers and $VAR in ExecStart: a new value is written so systemd runs it as given."""
     env = write_unit(tmp_path, "sglang-esc", f"{PY} -m sglang.launch_server --model-path /models/m", "")
-    args = {
-        "unit": "sglang-esc.service",
-        "help": False,
-        "speculative_flags": {"speculative-draft-model-path": value},
-        "extra_args": ["--served-model-name", value],
-    }
+    args = {"unit": "sglang-esc.service", "help": False, "speculative_flags": {"speculative-draft-model-path": value}}
     r = invoke_module("sglang_capabilities", args, env, cwd=tmp_path, timeout=600)
     assert not r.get("failed"), r["msg"]
     new = r["exec_start_new"]
     argv = new["argv"]
     assert argv[argv.index("--speculative-draft-model-path") + 1] == written
-    assert argv[argv.index("--served-model-name") + 1] == written
     assert f"--speculative-draft-model-path {written}" in new["value"]
+    # extra_args (the role's sglang_preflight_extra_args, added to the module for this) are escaped the same way
+    r = invoke_module(
+        "sglang_capabilities", {**args, "extra_args": ["--served-model-name", value]}, env, cwd=tmp_path, timeout=600
+    )
+    argv = r["exec_start_new"]["argv"]
+    assert argv[argv.index("--served-model-name") + 1] == written
 
 
 BAD = [
