@@ -533,12 +533,14 @@ def pivot_secrets(
     argv: Sequence[str] | str | None,
     environment: Mapping[str, Any] | str | None = None,
     env_files: Sequence[str] | None = None,
+    extra_args: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The secrets a unit carries: ``{"api_key", "admin_api_key", "secret_values", "names", "values", "argv"}``.
 
     ``argv``: the command line as words, or the unit file's text (its ExecStart is read as systemd reads it).
     ``environment``: the ``Environment=`` values as a dict, or the ``Environment`` property of ``systemctl show``.
-    ``env_files``: the ``EnvironmentFile=`` texts (they override ``Environment=``).
+    ``env_files``: the ``EnvironmentFile=`` texts (they override ``Environment=``). ``extra_args``: words the new
+    command line adds (``sglang_preflight_extra_args``): a key there is a secret too (``values``).
     ``api_key``/``admin_api_key``: the last value of ``--api-key``/``--admin-api-key`` (``--flag v``, ``--flag=v``
     or an abbreviation argparse accepts; ``$VAR`` resolved from the environment as systemd does), else None.
     ``values``: ``{name: value}`` of every secret by module_utils ``_secrets.unit_secrets`` (the names
@@ -565,9 +567,11 @@ def pivot_secrets(
     env = dict(unit_env)
     for text in env_files or []:  # systemd: EnvironmentFile= overrides Environment=
         env.update(_sglang.parse_environment_file(str(text)))
-    values = _secrets.unit_secrets(words, unit_env, env, assignments)
+    more = [str(w) for w in (extra_args or [])]
+    values = _secrets.unit_secrets([*words, *more], unit_env, env, assignments)
     keys: dict[str, str] = {}
-    for name, value in _secrets.flag_secrets(words):  # --api-key ${API_KEY}: systemd substitutes it
+    # the unit's own keys (the old server checks them); --api-key ${API_KEY}: systemd substitutes it
+    for name, value in _secrets.flag_secrets(words):
         m = _VAR_RE.match(value)
         keys[name] = env.get(m.group(1) or m.group(2), "") if m else value
     secret_values = sorted({v for v in [*values.values(), *keys.values()] if v}, key=lambda v: (-len(v), v))

@@ -706,7 +706,8 @@ def main() -> None:
             # (no_log_values); environment values are not, since Ansible masks a value inside any text (a
             # MODEL=Qwen3 would blank the model path and the interpreter path the role goes on with).
             secrets = _secrets.unit_secrets(
-                parsed["argv"], info["environment"], env, parsed["env_assignments"], p["environment"]
+                [*parsed["argv"], *p["extra_args"]], info["environment"], env, parsed["env_assignments"],
+                p["environment"],
             )
             module.no_log_values.update(v for k, v in secrets.items() if _secrets.is_key(k) and len(v) >= 4)
             env.update(parsed["env_assignments"])

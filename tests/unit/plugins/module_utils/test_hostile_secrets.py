@@ -180,6 +180,19 @@ def test_the_role_reads_back_every_value_the_module_masked():
     assert not any(v in shown for v in PLANTED)
 
 
+def test_a_key_in_the_extra_args_is_a_secret_too():
+    """sglang_preflight_extra_args reach the module as extra_args: a key there is masked by the module and read
+    back by the role the same way (pivot_secrets' extra_args)."""
+    extra = ["--api-key", "KX-extra-key-value"]
+    parsed = _sglang.parse_exec_start(_sglang.unit_exec_starts([UNIT])[0])
+    show_env = _sglang.parse_environment_property(SHOW_ENVIRONMENT)
+    merged = {**show_env, **_sglang.parse_environment_file(ENV_FILE)}
+    module_secrets = s.unit_secrets([*parsed["argv"], *extra], show_env, merged, parsed["env_assignments"])
+    auth = f.pivot_secrets(UNIT, SHOW_ENVIRONMENT, [ENV_FILE], extra)
+    assert auth["values"] == module_secrets and "KX-extra-key-value" in auth["secret_values"]
+    assert f.pivot_unmask(s.mask(extra, module_secrets), auth) == extra
+
+
 def test_pivot_unmask_fails_naming_the_secret():
     with pytest.raises(Exception, match="HF_TOKEN"):
         f.pivot_unmask(["{secret:HF_TOKEN}"], {"values": {}})

@@ -58,8 +58,8 @@ def test_no_planted_secret_anywhere_in_the_result(planted):
 
 
 def test_secrets_are_named_markers_where_they_stood(planted):
-    assert planted["secrets"] == sorted(["--api-key", "--admin-api-key", "--api-key#2", "HF_TOKEN", "DATABASE_URL",
-                                          "GITHUB_PAT", "OTHER_TOKEN"])  # fmt: skip
+    names = ["--api-key", "--admin-api-key", "--api-key#2", "HF_TOKEN", "DATABASE_URL", "GITHUB_PAT", "OTHER_TOKEN"]
+    assert planted["secrets"] == sorted(names)
     argv = planted["unit"]["argv"]
     assert argv[argv.index("--api-key") + 1] == "{secret:--api-key}"
     assert "--admin-api-key={secret:--admin-api-key}" in argv
