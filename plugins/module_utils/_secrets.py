@@ -188,7 +188,7 @@ def _pattern(secrets: Mapping[str, str]):
             exp = r"(?<![\w])" + re.escape(name.split("#", 1)[0] + "=") + "(?P<v" + str(len(parts)) + ">"
             exp += re.escape(value) + r")(?![^\s\"',;}])"
         parts.append((len(value), exp))
-    return re.compile("|".join(e for _, e in sorted(parts, key=lambda p: -p[0])))
+    return re.compile("|".join(part[1] for part in sorted(parts, key=lambda p: -p[0])))
 
 
 def mask(data, secrets: Mapping[str, str], named: bool = True):

@@ -40,7 +40,6 @@ options:
     type: list
     elements: str
     required: true
-    no_log: true
 extends_documentation_fragment:
   - specdec.pivot.attributes
   - specdec.pivot.attributes.read_only

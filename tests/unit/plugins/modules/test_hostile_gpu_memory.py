@@ -62,7 +62,7 @@ ABSURD_CONFIG = [
 ]
 
 
-@pytest.mark.parametrize(("config", "words"), ABSURD_CONFIG, ids=[w for _, w in ABSURD_CONFIG])
+@pytest.mark.parametrize(("config", "words"), ABSURD_CONFIG, ids=[case[1] for case in ABSURD_CONFIG])
 def test_an_absurd_config_is_a_clear_error(tmp_path, config, words):
     path = model_with(tmp_path, config)
     r = run(tmp_path, {"fit": {"target_model_path": path, "mem_fraction": 0.85, "context_length": 8192}})
@@ -90,7 +90,7 @@ NON_FINITE = [
 ]
 
 
-@pytest.mark.parametrize(("args", "words"), NON_FINITE, ids=[w for _, w in NON_FINITE])
+@pytest.mark.parametrize(("args", "words"), NON_FINITE, ids=[case[1] for case in NON_FINITE])
 def test_non_finite_options_are_refused(tmp_path, args, words):
     fit = {"target_model_path": str(MODEL), "mem_fraction": 0.85, "context_length": 8192, **args.get("fit", {})}
     r = run(tmp_path, {**args, "fit": fit})

@@ -97,7 +97,7 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("make", "words"), MALFORMED, ids=[w for _, w in MALFORMED])
+@pytest.mark.parametrize(("make", "words"), MALFORMED, ids=[case[1] for case in MALFORMED])
 def test_a_malformed_record_is_a_clear_error(tmp_path, make, words):
     files = installed()
     path = wheel(tmp_path, files, make(files))

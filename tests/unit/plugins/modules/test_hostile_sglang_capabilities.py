@@ -112,7 +112,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD, ids=[m for _, m in BAD])
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[case[1] for case in BAD])
 def test_bad_options_are_named(tmp_path, args, message):
     env = {**os.environ, "PYTHONPATH": str(COLLECTIONS_ROOT)}
     r = invoke_module("sglang_capabilities", args, env, cwd=tmp_path, timeout=120)

@@ -76,7 +76,7 @@ def test_the_keys_are_never_on_a_command_line_nor_in_the_result(tmp_path, shadow
 
 def test_a_refusal_that_echoes_a_key_is_masked(tmp_path, shadow):
     # argparse echoes unrecognized words: the abbreviation --api-ke is the key's flag, the key comes back masked
-    r, _ = run(tmp_path, shadow, ["--model-path", "/m", "--api-ke", K4, "--bogus", K4])
+    r = run(tmp_path, shadow, ["--model-path", "/m", "--api-ke", K4, "--bogus", K4])[0]
     assert (r["checked"], r["ok"]) == (True, False), r
     assert K4 not in json.dumps(r)
     assert "unrecognized arguments: --bogus {secret:--api-key}" in r["error"]
@@ -84,6 +84,6 @@ def test_a_refusal_that_echoes_a_key_is_masked(tmp_path, shadow):
 
 def test_the_rest_of_the_result_is_not_masked(tmp_path, shadow):
     """args is no_log, but only the keys are masked in the result: the algorithm and the error stay readable."""
-    r, _ = run(tmp_path, shadow, ["--model-path", "/m", "--api-key", K1, "--speculative-algorithm", "DDTREE"])
+    r = run(tmp_path, shadow, ["--model-path", "/m", "--api-key", K1, "--speculative-algorithm", "DDTREE"])[0]
     assert r["algorithm"] == "DDTREE"
     assert "accepts the command line (--speculative-algorithm DDTREE)" in r["msg"]
