@@ -70,6 +70,9 @@ options:
     description:
       - Estimate whether a model (and drafter) fits on the GPUs; see the description for the formula.
       - Omit it to only list the GPUs.
+      - The models' C(config.json) is checked before the GPUs are asked - a dimension that is not an integer in range
+        (a bool, a float, a string, negative, absurdly large), an unknown dtype name or a malformed index is an error
+        naming the option and the file; so is a non-finite number option.
     type: dict
     suboptions:
       target_model_path:
