@@ -30,6 +30,7 @@ PLAYBOOK = """
   vars:
     unit_path: {unit_path}
     drafter: /models/drafter-%n-$HOME
+    sglang_preflight_extra_args: [--served-model-name, "m-100%"]  # the role's default is []
   tasks:
     - name: Read the unit, as preflight does (capabilities.yml)
       specdec.pivot.sglang_capabilities:
@@ -38,7 +39,7 @@ PLAYBOOK = """
         speculative_flags:
           --speculative-algorithm: DDTREE
           --speculative-draft-model-path: "{{{{ drafter }}}}"
-        extra_args: [--served-model-name, "m-100%"]
+        extra_args: "{{{{ sglang_preflight_extra_args }}}}"
       register: sglang_preflight_caps
 
     - name: Read the unit file (as capabilities.yml)
