@@ -270,6 +270,29 @@ def test_role_tasks_that_hold_unit_data_are_no_log(path, task):
     assert no_log is True or "pivot_auth.secret_values | length > 0" in str(no_log)  # always, or with a secret
 
 
+SERVICE = ROOT / "roles" / "sglang_service" / "tasks"
+
+
+@pytest.mark.parametrize(
+    ("path", "task"),
+    [
+        (SERVICE / "restore.yml", "Read the unit's state from systemd"),
+        (SERVICE / "restore_find.yml", "Read the unit records"),
+        (SERVICE / "restore_find.yml", "Read the unit file as it is now"),
+        (SERVICE / "restore_find.yml", "Decide what to restore"),
+        (SERVICE / "restore_apply.yml", "Read the unit as it was before the pivot"),
+        (SERVICE / "restore_apply.yml", "Read the running server's command line"),
+        (SERVICE / "restore_apply.yml", "Restart the restored service"),
+        (SERVICE / "switch.yml", "Restart the service with the new ExecStart"),
+        (SERVICE / "rollback.yml", "Restart the restored service"),
+    ],
+)
+def test_service_tasks_that_hold_unit_data_are_no_log(path, task):
+    """systemd_service's result holds the unit's status (Environment=, ExecStart); records and /proc hold argv."""
+    no_log = _tasks(path)[task].get("no_log")
+    assert no_log is True or "sglang_service_secret" in str(no_log)
+
+
 @pytest.mark.parametrize("task", ["Read the unit's state", "Ask the server"])
 def test_status_tasks_that_hold_unit_data_are_no_log(task):
     assert _play_tasks(ROOT / "playbooks" / "status.yml")[task].get("no_log") is True
