@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.specdec.pivot.plugins.module_utils import _secrets, _sglang
 
 # --------------------------------------------------------------------------------------------------------------
 # systemd unit files
@@ -108,11 +109,13 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}\-]+$")
 def systemd_quote(word: str) -> str:
     """Quote one argv word for an ExecStart line (systemd.service "Command lines").
 
-    ``%`` is doubled (specifier escape). ``$VAR``/``${VAR}`` references are kept as written so environment
-    expansion by systemd still happens. Words with whitespace, quotes, backslashes or ``;`` are double-quoted with
-    backslash escapes; an empty word becomes ``""``.
+    The words are in the unit file's form, as ``sglang_capabilities`` returns them (``unit.argv``,
+    ``exec_start_new.argv``): ``%`` specifiers and ``$VAR`` references as the unit writes them, literal values
+    already escaped (``%%``, ``$$``; module_utils ``_sglang.systemd_escape``), so nothing is escaped twice here.
+    Words with whitespace, quotes, backslashes or ``;`` are double-quoted with backslash escapes; an empty word
+    becomes ``""``.
     """
-    word = str(word).replace("%", "%%")
+    word = str(word)
     if word and _SAFE_WORD.match(word) and word != ";":
         return word
     escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
@@ -520,70 +523,83 @@ def pip_freeze_find(text: str, name: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------------------
 # secrets in a unit: API keys on the command line, tokens in the environment
 
-#: SGLang flags whose value is a secret.
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
-#: Environment variable names that hold secrets (matched case-insensitively as a whole word part).
-_SECRET_ENV_RE = re.compile(r"(?:^|_)(?:TOKEN|API_?KEY|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH)(?:_|$)", re.I)
-MASK = "***"
-
-
-def _env_file_values(texts: Sequence[str] | None) -> dict[str, str]:
-    """KEY=VALUE lines of systemd EnvironmentFile= texts (comments, ``export``, quotes handled)."""
-    env: dict[str, str] = {}
-    for text in texts or []:
-        for raw in str(text).splitlines():
-            line = raw.strip()
-            if not line or line.startswith(("#", ";")) or "=" not in line:
-                continue
-            key, value = line.split("=", 1)
-            key = key.strip()
-            if key.startswith("export "):
-                key = key[len("export ") :].strip()
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            env[key] = value
-    return env
-
-
+#: SGLang flags whose value is a secret (the policy is module_utils ``_secrets``, shared with the modules).
+SECRET_FLAGS = _secrets.SECRET_FLAGS
+MASK = _secrets.MASK
 _VAR_RE = re.compile(r"^\$(?:\{(\w+)\}|(\w+))$")
 
 
 def pivot_secrets(
-    argv: Sequence[str] | None,
-    environment: Mapping[str, Any] | None = None,
+    argv: Sequence[str] | str | None,
+    environment: Mapping[str, Any] | str | None = None,
     env_files: Sequence[str] | None = None,
+    extra_args: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The secrets a unit carries: ``{"api_key", "admin_api_key", "secret_values", "names"}``.
+    """The secrets a unit carries: ``{"api_key", "admin_api_key", "secret_values", "names", "values", "argv"}``.
 
-    ``api_key``/``admin_api_key``: the last value of ``--api-key``/``--admin-api-key`` (``--flag v`` or
-    ``--flag=v``) in ``argv``, else None. ``secret_values``: every secret value (those, and the values of environment
-    variables whose names say they are secrets: ``HF_TOKEN``, ``OPENAI_API_KEY``, ``*_SECRET``, ``*_PASSWORD``),
-    longest first, for :func:`pivot_mask`; ``names``: where each came from (flag or variable name), never a value.
+    ``argv``: the command line as words, or the unit file's text (its ExecStart is read as systemd reads it).
+    ``environment``: the ``Environment=`` values as a dict, or the ``Environment`` property of ``systemctl show``.
+    ``env_files``: the ``EnvironmentFile=`` texts (they override ``Environment=``). ``extra_args``: words the new
+    command line adds (``sglang_preflight_extra_args``): a key there is a secret too (``values``).
+    ``api_key``/``admin_api_key``: the last value of ``--api-key``/``--admin-api-key`` (``--flag v``, ``--flag=v``
+    or an abbreviation argparse accepts; ``$VAR`` resolved from the environment as systemd does), else None.
+    ``values``: ``{name: value}`` of every secret by module_utils ``_secrets.unit_secrets`` (the names
+    ``sglang_capabilities`` uses in its ``{secret:NAME}`` markers, for :func:`pivot_unmask`); ``secret_values``:
+    those values and the keys, longest first, for :func:`pivot_mask`; ``names``: their names, never a value;
+    ``argv``: the words of the command line.
     """
-    words = [str(w) for w in (argv or [])]
-    env = {str(k): "" if v is None else str(v) for k, v in (environment or {}).items()}
-    env.update(_env_file_values(env_files))  # systemd: EnvironmentFile= overrides Environment=
-    found: dict[str, str] = {}
-    for i, word in enumerate(words):
-        name, eq, value = word.partition("=")
-        if name in SECRET_FLAGS:
-            if eq:
-                found[name] = value
-            elif i + 1 < len(words):
-                found[name] = words[i + 1]
-    for name, value in list(found.items()):  # --api-key ${API_KEY}: systemd substitutes it from the environment
+    assignments: dict[str, str] = {}
+    if isinstance(argv, str):
+        commands = _sglang.unit_exec_starts([argv])
+        if not commands:
+            raise AnsibleFilterError("pivot_secrets: the unit file's text has no ExecStart= in [Service]")
+        try:
+            parsed = _sglang.parse_exec_start(commands[0])
+        except ValueError as exc:
+            raise AnsibleFilterError(f"pivot_secrets: cannot parse the unit's ExecStart: {exc}") from exc
+        words, assignments = parsed["argv"], parsed["env_assignments"]
+    else:
+        words = [str(w) for w in (argv or [])]
+    if isinstance(environment, str):
+        unit_env = _sglang.parse_environment_property(environment)
+    else:
+        unit_env = {str(k): "" if v is None else str(v) for k, v in (environment or {}).items()}
+    env = dict(unit_env)
+    for text in env_files or []:  # systemd: EnvironmentFile= overrides Environment=
+        env.update(_sglang.parse_environment_file(str(text)))
+    more = [str(w) for w in (extra_args or [])]
+    values = _secrets.unit_secrets([*words, *more], unit_env, env, assignments)
+    keys: dict[str, str] = {}
+    # the unit's own keys (the old server checks them); --api-key ${API_KEY}: systemd substitutes it
+    for name, value in _secrets.flag_secrets(words):
         m = _VAR_RE.match(value)
-        if m:
-            found[name] = env.get(m.group(1) or m.group(2), "")
-    env_found = {k: v for k, v in env.items() if _SECRET_ENV_RE.search(k) and v != ""}
-    values = sorted({v for v in [*found.values(), *env_found.values()] if v}, key=lambda v: (-len(v), v))
+        keys[name] = env.get(m.group(1) or m.group(2), "") if m else value
+    secret_values = sorted({v for v in [*values.values(), *keys.values()] if v}, key=lambda v: (-len(v), v))
     return {
-        "api_key": found.get("--api-key") or None,
-        "admin_api_key": found.get("--admin-api-key") or None,
-        "secret_values": values,
-        "names": sorted(found) + sorted(env_found),
+        "api_key": keys.get("--api-key") or None,
+        "admin_api_key": keys.get("--admin-api-key") or None,
+        "secret_values": secret_values,
+        "names": sorted({n.split("#", 1)[0] for n in values} | {n for n, v in keys.items() if v}),
+        "values": values,
+        "argv": words,
     }
+
+
+def pivot_unmask(data: Any, secrets: Any) -> Any:
+    """``data`` with every ``{secret:NAME}`` marker of ``sglang_capabilities`` replaced by the value itself.
+
+    ``secrets``: :func:`pivot_secrets` output of the same unit (its ``values``). Use only under ``no_log``: the
+    result holds the secrets in clear (the unit file the pivot writes needs them).
+    """
+    values = secrets.get("values", {}) if isinstance(secrets, Mapping) else {}
+    try:
+        return _secrets.unmask(data, values)
+    except KeyError as exc:
+        raise AnsibleFilterError(
+            f"pivot_unmask: the value of the unit's secret {exc.args[0]} was not read back (it is masked as "
+            f"{{secret:{exc.args[0]}}}): read the unit's ExecStart, Environment= and EnvironmentFile= files with "
+            "pivot_secrets, from the same unit sglang_capabilities read"
+        ) from exc
 
 
 def pivot_mask(data: Any, secrets: Any) -> Any:
@@ -697,6 +713,7 @@ class FilterModule:
             "pip_freeze_find": pip_freeze_find,
             "pivot_secrets": pivot_secrets,
             "pivot_mask": pivot_mask,
+            "pivot_unmask": pivot_unmask,
             "pivot_listen_warning": pivot_listen_warning,
             "pivot_duration": pivot_duration,
             "pivot_si": pivot_si,

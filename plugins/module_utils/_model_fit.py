@@ -60,6 +60,7 @@ DTYPE_BYTES: dict[str, float] = {
     "float8_e5m2": 1,
     "int8": 1,
     "fp4_e2m1": 0.5,
+    "float64": 8,
 }
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8")
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -108,6 +109,9 @@ def read_model_dir(path: str, option: str) -> ModelFiles:
         raise FitInputError(option, path, f"config.json cannot be read as JSON ({err})") from err
     if not isinstance(config, dict):
         raise FitInputError(option, path, "config.json is not a JSON object")
+    problem = config_problem(config)
+    if problem:
+        raise FitInputError(option, path, f"config.json {problem}; fix the model's config.json (or the path)")
     index = None
     index_path = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index_path):
@@ -116,9 +120,80 @@ def read_model_dir(path: str, option: str) -> ModelFiles:
                 index = json.load(fh)
         except (OSError, ValueError) as err:
             raise FitInputError(option, path, f"model.safetensors.index.json cannot be read ({err})") from err
+    if index is not None:
+        total = (index.get("metadata") or {}).get("total_size") if isinstance(index, dict) else None
+        if not isinstance(index, dict) or (total is not None and not _sane_number(total, MAX_WEIGHTS_BYTES)):
+            raise FitInputError(
+                option,
+                path,
+                f"model.safetensors.index.json has no sane metadata.total_size (got {total!r}: a number of bytes "
+                f"from 1 to {MAX_WEIGHTS_BYTES}); fix or remove the index",
+            )
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     size = sum(os.path.getsize(os.path.join(path, f)) for f in files) if files else None
     return ModelFiles(path=path, config=config, index=index, safetensors_bytes=size, safetensors_files=files)
+
+
+#: The largest config integer taken for a model dimension (heads, sizes, layers); larger is a broken config.
+MAX_CONFIG_INT = 1 << 24
+#: The largest checkpoint size taken (1 PiB).
+MAX_WEIGHTS_BYTES = 1 << 50
+#: config.json integers the planner reads: each, when present, must be an integer in [minimum, MAX_CONFIG_INT].
+CONFIG_INTS = {
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 1,
+    "v_head_dim": 1,
+    "hidden_size": 1,
+    "kv_lora_rank": 0,
+    "qk_rope_head_dim": 0,
+    "full_attention_interval": 1,
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 1,
+    "linear_key_head_dim": 1,
+    "linear_value_head_dim": 1,
+    "linear_conv_kernel_dim": 1,
+}
+#: config.json dtype names the planner reads: each, when present, must be one of DTYPE_BYTES.
+CONFIG_DTYPES = ("torch_dtype", "dtype", "mamba_ssm_dtype")
+
+
+def _sane_number(value, maximum: float) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= maximum
+    )
+
+
+def config_problem(config: dict) -> str | None:
+    """What makes a model's config.json unusable for the planner (checked for the top level and its
+    ``text_config``), or None: a dimension that is not an integer in range (a bool, a float, a string, negative,
+    absurdly large), a dtype name SGLang does not have, ``layer_types`` that is not a list of names."""
+    scopes = [("", config)]
+    if "text_config" in config:
+        if not isinstance(config["text_config"], dict):
+            return f"has a text_config that is not an object (got {type(config['text_config']).__name__})"
+        scopes.append(("text_config.", config["text_config"]))
+    for prefix, scope in scopes:
+        for key, minimum in CONFIG_INTS.items():
+            value = scope.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CONFIG_INT:
+                return (
+                    f"has {prefix}{key}={value!r}, not an integer from {minimum} to {MAX_CONFIG_INT}"
+                )
+        for key in CONFIG_DTYPES:
+            value = scope.get(key)
+            if value is not None and str(value) not in DTYPE_BYTES:
+                return f"has {prefix}{key}={value!r}, not a dtype name ({', '.join(sorted(DTYPE_BYTES))})"
+        types = scope.get("layer_types")
+        if types is not None and (not isinstance(types, list) or not all(isinstance(t, str) for t in types)):
+            return f"has {prefix}layer_types={str(types)[:80]!r}, not a list of layer type names"
+    return None
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -311,9 +386,11 @@ def validate_options(opts: dict) -> None:
         value = opts.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise FitInputError(name, value, "must be a positive integer or left unset")
+    if mf is not None and not math.isfinite(float(mf)):
+        raise FitInputError("mem_fraction", mf, "must be a finite number between 0 and 1, e.g. 0.85")
     r = opts.get("mamba_full_memory_ratio")
-    if r is not None and float(r) <= 0:
-        raise FitInputError("mamba_full_memory_ratio", r, "must be a positive number (SGLang's default is 0.9)")
+    if r is not None and (not math.isfinite(float(r)) or float(r) <= 0 or float(r) > 1e6):
+        raise FitInputError("mamba_full_memory_ratio", r, "must be a positive finite number (SGLang's default is 0.9)")
     dtype = opts.get("dtype", "auto")
     if dtype not in DTYPE_CHOICES:
         raise FitInputError("dtype", dtype, f"choose one of {', '.join(DTYPE_CHOICES)}")

@@ -97,6 +97,7 @@ class ProcInfo:
     kernel_thread: bool = False
     uid: int | None = None
     cwd: str | None = None
+    exe: str | None = None  # the executable the kernel runs (/proc/PID/exe); None when it cannot be read
 
     @property
     def cmdline_str(self) -> str:
@@ -224,6 +225,37 @@ def protection_reason(info: ProcInfo, protected: dict) -> str | None:
     head = info.cmdline[:3]
     if any(_ANSIBLE_TOKEN_RE.search(tok) for tok in head) or _ANSIBALLZ_RE.search(info.cmdline_str):
         return "an Ansible process"
+    return None
+
+
+#: Command lines of unrelated processes: a pattern that matches every one of them (or the empty string) matches
+#: about any process, so it cannot stand for one training run.
+CATCH_ALL_PROBES = ("/sbin/init", "sshd: root@pts/0", "-bash", "sleep 60", "/usr/lib/systemd/systemd-journald")
+
+
+def pattern_problem(table: dict, pattern: re.Pattern, protected: dict, user: str | None = None) -> str | None:
+    """Why a raw ``pattern`` cannot select one training run, or None.
+
+    Refused: a catch-all (it matches the empty string or every :data:`CATCH_ALL_PROBES` line); a pattern that
+    matches a process that is never signalled (PID 1, sshd and the other :data:`PROTECTED_NAMES`, an Ansible
+    process, the module itself or its ancestors - the controller's own processes where it runs on this host); one
+    that matches processes of several users when ``user`` is not given (pagers, editors and the like that only name
+    the script are not counted).
+    """
+    if pattern.search("") is not None or all(pattern.search(line) for line in CATCH_ALL_PROBES):
+        return "matches any command line (a catch-all)"
+    matched = match_cmdline(table, pattern)
+    for pid in matched:
+        info = table[pid]
+        why = protection_reason(info, protected)
+        if why:
+            return f"matches pid {pid} ({info.name}: {info.cmdline_str[:120]!r}), which is {why}"
+    if not user:
+        owners = {
+            table[pid].username or str(table[pid].uid) for pid in matched if lookalike_reason(table[pid]) is None
+        }
+        if len(owners) > 1:
+            return f"matches processes of several users ({', '.join(sorted(owners))})"
     return None
 
 
@@ -496,10 +528,27 @@ def executes_script(argv, script: str, cwd: str | None = None) -> bool:
     return any(script_matches(arg, script, cwd) for arg in executed_scripts(argv, script))
 
 
+def program_agrees(info: ProcInfo) -> bool:
+    """Whether the program the kernel runs agrees with ``argv[0]``, which its parent may set to anything
+    (``exec -a python3 less train.py``).
+
+    The executable (``/proc/PID/exe``) must be a Python interpreter (every launcher - torchrun, deepspeed,
+    accelerate - is a Python script the interpreter runs) or the program ``argv[0]`` names. When it cannot be read
+    (another user's process without root), the kernel's command name must not be a program that only names files.
+    """
+    exe = os.path.basename((info.exe or "").replace(" (deleted)", ""))
+    if exe:
+        return is_interpreter(exe) or exe == program_name(info.cmdline)
+    return info.name not in LOOKALIKE_PROGRAMS
+
+
 def match_script(table: dict, script: str) -> list:
-    """Pids of processes that execute ``script`` (interpreters and launchers running it); sorted."""
+    """Pids of processes that execute ``script`` (interpreters and launchers running it, as their executable
+    confirms: :func:`program_agrees`); sorted."""
     return sorted(
-        pid for pid, info in table.items() if info.cmdline and executes_script(info.cmdline, script, info.cwd)
+        pid
+        for pid, info in table.items()
+        if info.cmdline and executes_script(info.cmdline, script, info.cwd) and program_agrees(info)
     )
 
 
@@ -673,7 +722,7 @@ def _uid_of(uids) -> int | None:
 def snapshot() -> dict:
     """``{pid: ProcInfo}`` for every process visible now. Needs psutil."""
     table: dict = {}
-    attrs = ["pid", "ppid", "name", "username", "uids", "cmdline", "create_time", "status", "cwd"]
+    attrs = ["pid", "ppid", "name", "username", "uids", "cmdline", "create_time", "status", "cwd", "exe"]
     for proc in psutil.process_iter(attrs=attrs, ad_value=None):
         info = proc.info
         pid = info.get("pid")
@@ -692,6 +741,7 @@ def snapshot() -> dict:
             kernel_thread=bool(stat and stat["flags"] & PF_KTHREAD) or (not stat and pid == 2),
             uid=_uid_of(info.get("uids")),
             cwd=info.get("cwd") or None,
+            exe=info.get("exe") or None,
         )
     return table
 
@@ -714,6 +764,7 @@ def read_process(pid: int) -> ProcInfo | None:
                 kernel_thread=bool(stat and stat["flags"] & PF_KTHREAD),
                 uid=_uid_of(_safe(proc.uids, None)),
                 cwd=_safe(proc.cwd, None),
+                exe=_safe(proc.exe, None) or None,
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None

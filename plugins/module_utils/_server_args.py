@@ -10,8 +10,9 @@ a stand-in parser as well as with the real SGLang. Keeps to Python 3.8 (it runs 
 
 The module does not import SGLang in its own process: AnsibleModule (ansible-core 2.19) replaces ``sys.intern``
 with an object torch's dynamo refuses (``substitute_in_graph expects a function``), so ``import sglang`` fails
-there. It runs this file's source as ``<its own interpreter> -c SOURCE WORDS_JSON`` (:func:`child_source`), a
-clean process of the same interpreter with the same environment, which prints one line ``MARKER{json}``
+there. It runs this file's source as ``<its own interpreter> -c SOURCE`` (:func:`child_source`) with the words as
+JSON on its stdin (never on its command line, which every user can read in /proc: the words hold the server's
+keys), a clean process of the same interpreter with the same environment, which prints one line ``MARKER{json}``
 (:func:`main`); the module reads it back with ``_sglang_probe.parse_probe_output(stdout, MARKER)`` (the
 same reader as the capabilities probe's; not imported here: this source runs where the collection is not).
 """
@@ -99,8 +100,9 @@ def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dic
 
 
 def main(argv: list[str]) -> int:
-    """``-c SOURCE WORDS_JSON``: print ``MARKER{verdict}`` on its own line; exit 0 whatever the verdict."""
-    words = json.loads(argv[1])
+    """``-c SOURCE`` with the words' JSON on stdin: print ``MARKER{verdict}`` on its own line; exit 0 whatever the
+    verdict."""
+    words = json.loads(sys.stdin.read())
     verdict = check_server_args(words)
     sys.stdout.write("\n" + MARKER + json.dumps(verdict) + "\n")
     sys.stdout.flush()

@@ -623,6 +623,12 @@ def quote_word(word: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def systemd_escape(value: str) -> str:
+    """A literal value as a word of a unit file's ExecStart: ``%`` -> ``%%`` (a specifier) and ``$`` -> ``$$``
+    (a variable reference), so that systemd runs the value itself (systemd.service(5), "Command lines")."""
+    return str(value).replace("%", "%%").replace("$", "$$")
+
+
 def render_argv(argv: list[str], escape_percent: bool = False) -> str:
     """argv as one systemd command line (each word quoted only when needed).
 
@@ -1286,6 +1292,9 @@ ALGORITHM_SPECIFIC_FLAGS = frozenset(
 )
 
 
+_FLAG_NAME_RE = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
 def normalize_flag(name: str) -> str:
     """``speculative_algorithm`` / ``speculative-algorithm`` / ``--speculative-algorithm`` -> the flag."""
     name = str(name).strip()
@@ -1312,11 +1321,16 @@ def replace_speculative_flags(flags: dict[str, Any], new_spec_flags: dict[str, A
       or False removes that flag; the remaining new flags are inserted, in their given order, where the
       first dropped speculative flag stood (at the end when there was none).
     Values: True for a bare flag, a list for several values, anything else becomes a string (``16`` ->
-    ``"16"``), as ``parse_exec_start`` gives them. ``flags`` is not modified.
+    ``"16"``), as ``parse_exec_start`` gives them from a unit file: a new value is literal, so its ``%`` and ``$``
+    are escaped for systemd (``%%``, ``$$``; the kept flags are as the unit file writes them). ``flags`` is not
+    modified. Raises ValueError for a key that is not a flag name.
     """
     new_norm: dict[str, Any] = {}
     for k, v in (new_spec_flags or {}).items():
-        new_norm[normalize_flag(k)] = _flag_value(v)
+        flag = normalize_flag(k)
+        if not _FLAG_NAME_RE.match(flag):
+            raise ValueError(f"{k!r} is not a flag name (letters, digits, - and _, e.g. speculative-algorithm)")
+        new_norm[flag] = _flag_value(v)
     kept: list[tuple[str, Any]] = []
     insert_at = None
     for flag, value in (flags or {}).items():
@@ -1336,12 +1350,15 @@ def replace_speculative_flags(flags: dict[str, Any], new_spec_flags: dict[str, A
 
 
 def _flag_value(value: Any) -> Any:
-    """A flag value as ``parse_flags`` gives them: True, None/False (remove), a list of strings, a string."""
+    """A new flag value as ``parse_flags`` gives them from a unit file: True, None/False (remove), a list of
+    strings, a string; every string escaped for systemd (``systemd_escape``: the value is meant literally)."""
     if value is True or value is False or value is None:
         return value
     if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return str(value)
+        return [systemd_escape(v) for v in value]
+    if isinstance(value, dict):
+        raise ValueError(f"a flag's value must be a string, a number, true, null or a list, not a mapping: {value!r}")
+    return systemd_escape(value)
 
 
 def speculative_flags(flags: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,11 @@ the whole file) and :func:`find_newest_checkpoint` (one ``glob`` and ``stat`` pe
 from __future__ import annotations
 
 import datetime
+import errno
 import glob
 import os
 import re
+import stat
 import time
 
 # ``step 5380``, ``Step: 5380/10000``, ``global_step=5380``, ``[step 5380]``; not ``steps 5`` or ``stepping``.
@@ -144,11 +146,24 @@ def split_lines(data: bytes) -> list[str]:
 def read_tail(path: str, lines: int = 20, max_bytes: int = 1 << 20, block: int = 64 * 1024) -> list[str]:
     """The last ``lines`` lines of ``path``, reading backwards at most ``max_bytes`` bytes.
 
+    Never blocks: the file is opened with ``O_NONBLOCK`` and must be a regular file (a FIFO, a device or a
+    directory raises ``OSError``); a huge file costs at most ``max_bytes`` read from its end.
     Raises ``OSError`` when the file cannot be opened or read (the caller turns it into a warning).
     """
     if lines <= 0:
         return []
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else (
+                "a directory" if stat.S_ISDIR(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+            )
+            raise OSError(errno.EINVAL, f"{path} is {kind}, not a regular log file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as handle:
         handle.seek(0, os.SEEK_END)
         end = handle.tell()
         pos = end
@@ -212,6 +227,17 @@ def describe_checkpoint(directory: str, entries: list[tuple[str, float]], now: f
     }
 
 
+def checkpoint_glob_problem(pattern: str) -> str | None:
+    """Why ``pattern`` could reach outside the checkpoint directory (absolute, a ``..`` part), or None."""
+    if pattern.startswith(("/", "~")) or os.path.isabs(pattern):
+        return "is absolute; give a glob relative to checkpoint_dir, e.g. 'checkpoint-*'"
+    if ".." in pattern.replace("\\", "/").split("/"):
+        return "has a '..' part, which leaves checkpoint_dir; give a glob inside it, e.g. 'checkpoint-*'"
+    if "\0" in pattern:
+        return "holds a NUL character"
+    return None
+
+
 def find_newest_checkpoint(directory: str, pattern: str = DEFAULT_CHECKPOINT_GLOB, now: float | None = None) -> dict:
     """Newest entry (file or directory) in ``directory`` matching the glob ``pattern``.
 
@@ -220,8 +246,14 @@ def find_newest_checkpoint(directory: str, pattern: str = DEFAULT_CHECKPOINT_GLO
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory} is not a directory")
     os.listdir(directory)  # raises PermissionError when unreadable
+    problem = checkpoint_glob_problem(pattern)
+    if problem:
+        raise ValueError(f"checkpoint_glob={pattern!r} {problem}")
+    root = os.path.realpath(directory)
     entries: list[tuple[str, float]] = []
     for path in glob.glob(os.path.join(glob.escape(directory), pattern)):
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            continue  # a symbolic link out of the run's directory
         try:
             entries.append((path, os.stat(path).st_mtime))
         except OSError:

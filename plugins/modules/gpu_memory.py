@@ -70,6 +70,9 @@ options:
     description:
       - Estimate whether a model (and drafter) fits on the GPUs; see the description for the formula.
       - Omit it to only list the GPUs.
+      - The models' C(config.json) is checked before the GPUs are asked - a dimension that is not an integer in range
+        (a bool, a float, a string, negative, absurdly large), an unknown dtype name or a malformed index is an error
+        naming the option and the file; so is a non-finite number option.
     type: dict
     suboptions:
       target_model_path:
@@ -385,6 +388,8 @@ fit:
     min_kv_tokens_needed: 32768
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.specdec.pivot.plugins.module_utils import _model_fit, _nvidia
 
@@ -439,7 +444,7 @@ def load_models(module: AnsibleModule, fit: dict):
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    if params["timeout"] <= 0:
+    if not math.isfinite(params["timeout"]) or params["timeout"] <= 0:
         module.fail_json(msg=f"timeout={params['timeout']!r}: must be a positive number of seconds, e.g. 15")
     if params["backend"] == "nvml" and not _nvidia.HAS_PYNVML:
         module.fail_json(

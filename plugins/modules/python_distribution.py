@@ -13,11 +13,14 @@ version_added: "0.1.0"
 description:
   - Reports whether the distribution O(name) is installed in B(the Python interpreter this module runs in), its
     version and its C(direct_url.json), read with C(importlib.metadata).
-  - With O(wheel), also compares the sha256 of every file the wheel's C(*.dist-info/RECORD) lists with the
-    installed distribution's RECORD, so a rebuilt wheel with the same version but other bytes counts as different
-    and an unchanged one as the same (pip does not always record the archive's hash in C(direct_url.json)).
-    C(RECORD), C(INSTALLER), C(REQUESTED), C(direct_url.json) and C(.pyc) files are not compared; they are
-    written by the installer.
+  - With O(wheel), also compares the sha256 of every file of the wheel, computed from the wheel's own files, with
+    the sha256 of the installed files themselves, so a rebuilt wheel with the same version but other bytes counts
+    as different and an unchanged one as the same (pip does not always record the archive's hash in
+    C(direct_url.json)). Neither RECORD is trusted - the wheel's C(*.dist-info/RECORD) must list exactly the
+    wheel's files with their hashes (a malformed or inconsistent RECORD, or a path that leaves the install
+    directory, is an error naming the wheel). C(RECORD), C(INSTALLER), C(REQUESTED), C(direct_url.json), C(.pyc)
+    files and C(*.data/scripts|headers|data) members are not compared; they are written or rewritten by the
+    installer.
   - To inspect another environment's interpreter (the one a systemd unit runs, say), run the module with that
     interpreter - set C(ansible_python_interpreter) on the task (see the examples). The module never starts
     another interpreter; RV(python) says which one it inspected.
@@ -29,7 +32,8 @@ requirements:
 options:
   name:
     description:
-      - The distribution's name as pip knows it, for example C(sglang-ddtree).
+      - The distribution's name as pip knows it, for example C(sglang-ddtree) (letters, digits, C(.), C(_), C(-);
+        an empty or other name is refused).
     type: str
     required: true
   wheel:
@@ -98,7 +102,7 @@ same_content:
   type: bool
 differing:
   description:
-    - The wheel's files whose hash the installed RECORD does not have (changed or missing), sorted, at most 20;
+    - The wheel's files whose installed file has another hash (changed) or is missing, sorted, at most 20;
       one entry saying that no wheel was given without O(wheel); empty when not installed.
   returned: always
   type: list
@@ -111,13 +115,21 @@ direct_url:
   sample: {url: "file:///var/lib/specdec-pivot/wheels/sglang_ddtree-0.1.0-py3-none-any.whl", archive_info: {}}
 """
 
+import hashlib
 import json
 import os
+import re
 import sys
 import zipfile
+import zlib
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.specdec.pivot.plugins.module_utils._wheel_record import distribution_state, find_record_name
+from ansible_collections.specdec.pivot.plugins.module_utils._wheel_record import (
+    distribution_state,
+    find_record_name,
+    record_digest,
+    wheel_hashes,
+)
 
 try:
     from importlib import metadata
@@ -130,11 +142,24 @@ ARGUMENT_SPEC = {
 }
 
 
+#: A distribution name (PEP 508), as pip takes it.
+NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
 class InspectError(Exception):
     """A failure to report with fail_json; the message names the option and the fix."""
 
 
-def read_wheel_record(wheel: str) -> str:
+def _stream_digest(handle) -> str:
+    """The RECORD digest of an open binary file, read 1 MiB at a time."""
+    sha = hashlib.sha256()
+    for chunk in iter(lambda: handle.read(1 << 20), b""):
+        sha.update(chunk)
+    return record_digest(sha.digest())
+
+
+def read_wheel(wheel: str) -> dict:
+    """``{install path: digest}`` of the wheel's files, hashed from the files themselves (RECORD checked)."""
     if not os.path.isfile(wheel):
         raise InspectError(f"wheel={wheel} is not a file on the target; copy the wheel there first")
     try:
@@ -142,9 +167,34 @@ def read_wheel_record(wheel: str) -> str:
             record = find_record_name(zf.namelist())
             if record is None:
                 raise InspectError(f"wheel={wheel} has no *.dist-info/RECORD: not a wheel built by pip/build")
-            return zf.read(record).decode("utf-8")
+            members = {}
+            for info in zf.infolist():
+                if not info.is_dir():
+                    with zf.open(info) as fh:
+                        members[info.filename] = _stream_digest(fh)
+            text = zf.read(record).decode("utf-8")
+            return wheel_hashes(text, members)
     except zipfile.BadZipFile as exc:
         raise InspectError(f"wheel={wheel} is not a zip archive ({exc}): not a wheel") from exc
+    except (zlib.error, EOFError, RuntimeError, NotImplementedError) as exc:  # a damaged or encrypted member
+        raise InspectError(f"wheel={wheel} cannot be read ({type(exc).__name__}: {exc}); rebuild the wheel") from exc
+    except UnicodeDecodeError as exc:
+        raise InspectError(f"wheel={wheel}: its RECORD is not UTF-8 text; rebuild the wheel") from exc
+    except ValueError as exc:
+        raise InspectError(f"wheel={wheel}: {exc}; rebuild the wheel (pip wheel / python -m build)") from exc
+
+
+def installed_digests(dist, paths) -> dict:
+    """``{path: digest}`` of the installed files at ``paths`` (relative to the distribution's location), hashed
+    from the files themselves; a missing or unreadable file is left out (so it differs)."""
+    out = {}
+    for path in paths:
+        try:
+            with open(str(dist.locate_file(path)), "rb") as fh:
+                out[path] = _stream_digest(fh)
+        except OSError:
+            continue
+    return out
 
 
 def inspect(name: str, wheel: str | None) -> dict:
@@ -152,13 +202,14 @@ def inspect(name: str, wheel: str | None) -> dict:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         return distribution_state(None, None, None)  # nothing to compare the wheel with
-    wheel_record = read_wheel_record(wheel) if wheel else None
+    wanted = read_wheel(wheel) if wheel else None
     direct_url_text = dist.read_text("direct_url.json")
     try:
         direct_url = json.loads(direct_url_text) if direct_url_text else None
     except ValueError:
         direct_url = None  # an unreadable direct_url.json says nothing about where it came from
-    return distribution_state(dist.version, dist.read_text("RECORD"), wheel_record, direct_url)
+    have = installed_digests(dist, wanted) if wanted is not None else {}
+    return distribution_state(dist.version, have, wanted, direct_url)
 
 
 def summary_message(name: str, r: dict, wheel: str | None) -> str:
@@ -179,6 +230,16 @@ def main() -> None:
     result: dict = {"changed": False, "python": sys.executable}
     if metadata is None:
         module.fail_json(msg=f"{sys.executable} is Python {sys.version.split()[0]}; this module needs 3.8+", **result)
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        module.fail_json(
+            msg=(
+                f"name={str(name)[:80]!r} is not a distribution name; give the name pip knows it by (letters, digits, "
+                "'.', '_', '-'), e.g. name=sglang-ddtree"
+            ),
+            **result,
+        )
+    if wheel is not None and not str(wheel).strip():
+        module.fail_json(msg="wheel is empty; give the wheel's path on the target, or leave wheel out", **result)
     try:
         result.update(inspect(name, wheel))
     except InspectError as exc:

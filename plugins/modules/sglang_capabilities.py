@@ -98,6 +98,14 @@ options:
         the new flags go where the first old speculative flag stood. A key naming a kept flag replaces its value
         in place. The result is RV(exec_start_new); nothing is written.
     type: dict
+  extra_args:
+    description:
+      - With O(speculative_flags), more server flags for the new ExecStart, as words (C([--context-length, "8192"])).
+        A flag the ExecStart has gets the new value in place (argparse keeps the last one), a new flag is added at
+        the end. Like the O(speculative_flags) values, each word is a literal value, escaped for systemd.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - specdec.pivot.attributes
   - specdec.pivot.attributes.read_only
@@ -109,6 +117,19 @@ attributes:
     details:
       - Nothing changes, so there is no diff; RV(exec_start_new) shows a proposed ExecStart.
 notes:
+  - "Secrets are never returned: the value of C(--api-key) and C(--admin-api-key) (also written C(--flag=value) or
+    abbreviated as SGLang's argparse accepts, e.g. C(--api-ke)), and every C(Environment=), C(EnvironmentFile=) and
+    C(env NAME=value) value whose name is not on the collection's list of harmless names (C(PATH), C(HOME),
+    C(PYTHONPATH), C(CUDA_VISIBLE_DEVICES), C(OMP_NUM_THREADS), C(HF_HOME), C(HF_HUB_OFFLINE), names starting
+    with C(CUDA_), C(NCCL_), C(SGLANG_), C(TORCH_), C(LC_) unless they hold a word such as KEY, TOKEN, SECRET,
+    PASS, AUTH, CRED, DSN, URL; see module_utils C(_secrets)) is replaced, in every returned field, by the marker
+    C({secret:NAME}) (NAME the flag or the variable) - a key wherever it occurs, an environment value where it is
+    a whole value or follows its C(NAME=) - and Ansible masks any key left with C(********). Values that carry
+    nothing (empty, a boolean word, a number of at most 5 characters, a bare C($VAR), an absolute path) are shown.
+    RV(secrets) names them. The role specdec.pivot.sglang_preflight reads the values themselves under C(no_log)."
+  - Every new value (O(speculative_flags), O(extra_args)) is a literal value; RV(exec_start_new) writes it escaped
+    for systemd (C(%) as C(%%), C($) as C($$)), so RV(exec_start_new) is what systemd runs. The words kept from the
+    unit are as the unit file writes them.
   - With O(unit), ExecStart is read from the unit file (C(FragmentPath)) and its drop-ins, whose quoting is exact;
     C(%) specifiers and C($VAR) references stay as written there, and RV(exec_start_new) keeps them. When the file
     cannot be read, the C({ path=... ; argv[]=... }) form of C(systemctl show) is used with a warning - systemctl
@@ -394,6 +415,14 @@ unit:
     main_pid:
       description: C(MainPID), 0 when not running.
       type: int
+secrets:
+  description:
+    - The names (C(--api-key), C(--admin-api-key), environment variable names; a name seen with a second value gets
+      C(#2)) whose values are masked in this result as C({secret:NAME}). Never a value.
+  returned: always
+  type: list
+  elements: str
+  sample: [--api-key, HF_TOKEN]
 exec_start_parsed:
   description:
     - The unit's ExecStart parsed (module_utils C(_sglang.parse_exec_start)) - C(interpreter), C(module) (for
@@ -440,7 +469,7 @@ import pwd
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.specdec.pivot.plugins.module_utils import _sglang
+from ansible_collections.specdec.pivot.plugins.module_utils import _secrets, _sglang
 from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import PROBE_SOURCE, parse_probe_output
 
 ARGUMENT_SPEC = dict(
@@ -452,6 +481,7 @@ ARGUMENT_SPEC = dict(
     help=dict(type="bool", default=True),
     run_as_unit_user=dict(type="bool", default=True),
     speculative_flags=dict(type="dict"),
+    extra_args=dict(type="list", elements="str", default=[]),
 )
 
 
@@ -516,9 +546,10 @@ def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
             parsed = _sglang.parse_exec_start(commands[0])
             loaded = info["argv"]
             if "%" not in commands[0] and " ".join(parsed["argv"]).split() != loaded:
+                shown = _secrets.mask(" ".join(loaded), _secrets.unit_secrets(loaded, info["environment"]), False)
                 module.warn(
                     f"the ExecStart in {info['fragment_path']} differs from the one systemd has loaded "
-                    f"({' '.join(loaded)!r}); run `systemctl daemon-reload` (the unit file's is reported)"
+                    f"({shown!r}); run `systemctl daemon-reload` (the unit file's is reported)"
                 )
             info.update(exec_start_source="unit file", argv=parsed["argv"], exec_commands=len(commands))
         else:
@@ -659,11 +690,10 @@ def main() -> None:
     )
     p = module.params
     result: dict = {"changed": False}
+    secrets: dict = {}
     try:
-        if p["timeout"] < 1:
-            raise ProbeError(f"timeout={p['timeout']} must be a positive number of seconds, e.g. timeout=120")
-        if p["speculative_flags"] is not None and not p["unit"]:
-            raise ProbeError("speculative_flags needs unit=<name>: it rewrites that unit's ExecStart")
+        check_options(p)
+        secrets = _secrets.unit_secrets([], p["environment"])
         env: dict = {}
         info = None
         cwd = None
@@ -671,6 +701,15 @@ def main() -> None:
             info = read_unit(module, p["unit"])
             env = unit_environment(module, info)
             parsed = unit_exec_start(module, info)
+            # Secrets are found before anything is returned: every field of the result is masked with them, and
+            # the ExecStart lines are rendered from the masked words. The keys are also left to Ansible's masking
+            # (no_log_values); environment values are not, since Ansible masks a value inside any text (a
+            # MODEL=Qwen3 would blank the model path and the interpreter path the role goes on with).
+            secrets = _secrets.unit_secrets(
+                [*parsed["argv"], *p["extra_args"]], info["environment"], env, parsed["env_assignments"],
+                p["environment"],
+            )
+            module.no_log_values.update(v for k, v in secrets.items() if _secrets.is_key(k) and len(v) >= 4)
             env.update(parsed["env_assignments"])
             if p["unit_python"]:
                 python, source = p["unit_python"], "unit_python option"
@@ -678,8 +717,10 @@ def main() -> None:
                     raise ProbeError(f"unit_python={python} is not an executable file; point it at the interpreter")
             else:
                 python, source = resolve_interpreter(parsed, p["unit"], env, info["working_directory"])
+            shown = _secrets.mask(parsed, secrets)  # resolve_interpreter above used the real words
+            info["exec_start"] = _sglang.render_exec_start(shown)
             result["unit"] = info
-            result["exec_start_parsed"] = parsed
+            result["exec_start_parsed"] = shown
             if info["working_directory"] and info["working_directory"] != "~":
                 if os.path.isdir(info["working_directory"]):
                     cwd = info["working_directory"]
@@ -687,22 +728,7 @@ def main() -> None:
                     module.warn(f"WorkingDirectory {info['working_directory']} does not exist; the probe runs in /")
                     cwd = "/"
             if p["speculative_flags"] is not None:
-                try:
-                    new_flags = _sglang.replace_speculative_flags(parsed["flags"], p["speculative_flags"])
-                    new = dict(parsed, flags=new_flags, repeated=[f for f in parsed["repeated"] if f in new_flags])
-                    new_argv = _sglang.exec_start_argv(new)
-                    head = _sglang.exec_start_argv({**new, "flags": {}, "trailing_args": []})
-                    result["exec_start_new"] = {
-                        "argv": new_argv,
-                        "server_args": new_argv[len(head) :],
-                        "value": _sglang.render_exec_start(new),
-                        "multiline": _sglang.render_exec_start(new, multiline=True),
-                        "flags": new_flags,
-                        "removed": _sglang.speculative_flags(parsed["flags"]),
-                        "differs": new_argv != _sglang.exec_start_argv(parsed),
-                    }
-                except ValueError as exc:
-                    raise ProbeError(f"speculative_flags={p['speculative_flags']!r}: {exc}") from exc
+                result["exec_start_new"] = new_exec_start(shown, info, p["speculative_flags"], p["extra_args"])
         else:
             python, source = p["python"], "python option"
             if not os.path.exists(python):
@@ -713,7 +739,7 @@ def main() -> None:
             if not _is_executable(python):
                 raise ProbeError(f"python={python} is not an executable file; point it at the interpreter itself")
         for k, v in (p["environment"] or {}).items():
-            env[str(k)] = "" if v is None else str(v)
+            env[k] = "" if v is None else str(v)
 
         prefix, user_env, run_user = user_prefix(module, info, p["run_as_unit_user"])
         env.update(user_env)
@@ -760,8 +786,79 @@ def main() -> None:
         result.update(caps)
         result["msg"] = summary_message(result)
     except ProbeError as exc:
-        module.fail_json(msg=str(exc), **result)
-    module.exit_json(**result)
+        result["msg"] = str(exc)
+        module.fail_json(**masked_result(module, result, secrets))
+    module.exit_json(**masked_result(module, result, secrets))
+
+
+def masked_result(module: AnsibleModule, result: dict, secrets: dict) -> dict:
+    """The result with every secret value replaced by its marker ``{secret:NAME}`` (module_utils ``_secrets.mask``),
+    the names in ``secrets``, and the invocation's secrets as ``***``. The keys (4 characters or more) are also in
+    ``module.no_log_values``, so Ansible masks any left (in a warning) with ``********``.
+    """
+    out = _secrets.mask(result, secrets)
+    out["secrets"] = sorted(secrets)
+    out["invocation"] = {"module_args": _secrets.mask(module.params, secrets, named=False)}
+    return out
+
+
+def check_options(p: dict) -> None:
+    """Refuse options that cannot be right, naming the option and the fix (never a traceback later)."""
+    for name in ("python", "unit", "unit_python"):
+        if p[name] is not None and not str(p[name]).strip():
+            raise ProbeError(f"{name} is an empty string; give a value or leave {name} out")
+    if p["python"] is None and p["unit"] is None:
+        raise ProbeError("one of python=<interpreter path> and unit=<systemd unit> is required")
+    if p["timeout"] < 1:
+        raise ProbeError(f"timeout={p['timeout']} must be a positive number of seconds, e.g. timeout=120")
+    if p["speculative_flags"] is not None and not p["unit"]:
+        raise ProbeError("speculative_flags needs unit=<name>: it rewrites that unit's ExecStart")
+    if p["extra_args"] and p["speculative_flags"] is None:
+        raise ProbeError("extra_args needs speculative_flags (and unit): they are added to the new ExecStart")
+    for k, v in (p["environment"] or {}).items():
+        if not _secrets.valid_env_name(k):
+            raise ProbeError(
+                f"environment: {str(k)[:80]!r} is not an environment variable name (letters, digits and _, not "
+                "starting with a digit, e.g. SGLANG_PLUGINS); fix the key"
+            )
+        if isinstance(v, (dict, list)) or "\0" in str("" if v is None else v):
+            raise ProbeError(f"environment: the value of {k} must be a string without NUL characters")
+    if p["extra_args"] and not str(p["extra_args"][0]).startswith("--"):
+        raise ProbeError(
+            f"extra_args must start with a --flag (got {str(p['extra_args'][0])[:80]!r}); "
+            "e.g. extra_args=[--context-length, '8192']"
+        )
+
+
+def new_exec_start(parsed: dict, info: dict, speculative_flags: dict, extra_args: list) -> dict:
+    """RV(exec_start_new): the unit's ExecStart with its speculative flags replaced and ``extra_args`` applied.
+
+    Every new value is escaped for systemd (``%%``, ``$$``): the result is the ExecStart as the unit file will
+    write it, which systemd runs as the values were given. Words read back from ``systemctl show`` (specifiers
+    already expanded) are first put in the unit file's form.
+    """
+    base = parsed if parsed.get("source") == "unit_file" else _sglang.parse_exec_start(info["exec_start"])
+    try:
+        new_flags = _sglang.replace_speculative_flags(base["flags"], speculative_flags)
+        extra = _sglang.parse_flags([_sglang.systemd_escape(w) for w in extra_args])
+        if extra["args"] or extra["trailing_args"]:
+            raise ValueError("extra_args must be --flag [value...] words, without positional words or --")
+        for flag, value in extra["flags"].items():  # argparse: the last occurrence wins, so it replaces in place
+            new_flags[flag] = value
+        new = dict(base, flags=new_flags, repeated=[f for f in base["repeated"] if f in new_flags])
+        new_argv = _sglang.exec_start_argv(new)
+        head = _sglang.exec_start_argv({**new, "flags": {}, "trailing_args": []})
+        return {
+            "argv": new_argv,
+            "server_args": new_argv[len(head) :],
+            "value": _sglang.render_exec_start(new),
+            "multiline": _sglang.render_exec_start(new, multiline=True),
+            "flags": new_flags,
+            "removed": _sglang.speculative_flags(base["flags"]),
+            "differs": new_argv != _sglang.exec_start_argv(base),
+        }
+    except ValueError as exc:
+        raise ProbeError(f"speculative_flags={speculative_flags!r}, extra_args={extra_args!r}: {exc}") from exc
 
 
 if __name__ == "__main__":

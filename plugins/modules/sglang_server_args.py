@@ -34,6 +34,9 @@ options:
     description:
       - The server's words from the first C(--flag) on, for example C([--model-path, /models/x, --port, "30000"]);
         C(python -m sglang.launch_server) and positional words such as C(serve) left out.
+      - They may hold the server's keys (C(--api-key)); the option is C(no_log), the words reach SGLang's parser on
+        its standard input (never on a command line), and the values of C(--api-key) and C(--admin-api-key) (also
+        abbreviated, e.g. C(--api-ke)) are masked in every returned field.
     type: list
     elements: str
     required: true
@@ -112,11 +115,12 @@ import json
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.specdec.pivot.plugins.module_utils import _secrets
 from ansible_collections.specdec.pivot.plugins.module_utils._server_args import MARKER, child_source
 from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import parse_probe_output
 
 ARGUMENT_SPEC = {
-    "args": {"type": "list", "elements": "str", "required": True},
+    "args": {"type": "list", "elements": "str", "required": True, "no_log": True},
 }
 
 
@@ -132,19 +136,28 @@ def summary_message(r: dict) -> str:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    words = module.params["args"]
+    # args is no_log, so Ansible would mask every word (--port, 30000, DDTREE) in the whole result; only the
+    # secrets are masked in it (by name, {secret:NAME}, and by Ansible), the invocation hides args entirely.
+    secrets = _secrets.unit_secrets(words)
+    module.no_log_values.clear()
+    module.no_log_values.update(v for v in secrets.values() if len(v) >= 4)
+    invocation = {"module_args": {"args": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}}
     result: dict = {"changed": False, "python": sys.executable}
     # A clean process of this same interpreter (see module_utils/_server_args.py: SGLang's torch cannot be
-    # imported inside an AnsibleModule process); it inherits this process's environment.
+    # imported inside an AnsibleModule process); it inherits this process's environment. The words go on its
+    # stdin: a command line is readable by every user of the host.
     rc, out, err = module.run_command(
-        [sys.executable, "-c", child_source(), json.dumps(module.params["args"])], expand_user_and_vars=False
+        [sys.executable, "-c", child_source()], data=json.dumps(words), expand_user_and_vars=False
     )
     verdict = parse_probe_output(out, MARKER)
     if verdict is None:
         tail = " | ".join((err or out or "no output").strip().splitlines()[-3:])
-        module.fail_json(msg=f"{sys.executable} did not run SGLang's parser check (rc={rc}): {tail}", **result)
+        result["msg"] = f"{sys.executable} did not run SGLang's parser check (rc={rc}): {tail}"
+        module.fail_json(invocation=invocation, **_secrets.mask(result, secrets))
     result.update(verdict)
     result["msg"] = summary_message(result)
-    module.exit_json(**result)
+    module.exit_json(invocation=invocation, **_secrets.mask(result, secrets))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ options:
         C(accelerate launch), C(deepspeed), also as C(python /path/torchrun) and through C(--no-python)) - plus
         that process's whole tree (every descendant, and launcher parents).
       - A process that only names the script is never part of the run - C(less), C(vim), C(grep), C(tail -f),
-        C(watch), an C(ssh) client, C(python -c '...' train.py), C(python other.py train.py).
+        C(watch), an C(ssh) client, C(python -c '...' train.py), C(python other.py train.py). C(argv[0]) is not
+        trusted alone (a parent may set it to anything, as in C(exec -a python3 less train.py)), so the process's
+        executable must be a Python interpreter or the program C(argv[0]) names.
       - A bare file name (C(train_dflash_pipeline.py)) matches the script in any directory; a path matches that
         path only (a relative script argument is resolved against the process's working directory).
       - Mutually exclusive with O(pattern) and O(pid); one of the three is required.
@@ -58,6 +60,11 @@ options:
         of the script; the module warns whenever it is used, and leaves out matched processes whose program only
         names files (C(less), C(vim), C(grep), C(tail), C(watch), C(ssh), C(python -c), ...; see RV(excluded)).
       - Processes without a command line (kernel threads, zombies) never match.
+      - Refused with an error, before anything is signalled, when it cannot stand for one training run - a
+        catch-all (C(.), C(.*), one that matches the empty string or any common command line), one that matches a
+        process that is never signalled (PID 1, sshd, sudo, an Ansible process, the module itself or its
+        ancestors - the controller's own processes where it runs on the host), or processes of several users
+        without O(user).
       - Mutually exclusive with O(script) and O(pid).
     type: str
   pid:
@@ -78,6 +85,7 @@ options:
     description:
       - Only processes owned by this user (name or numeric uid). Members of the tree owned by someone else
         are left alone and listed in RV(excluded).
+      - A user name that does not exist on the host is an error (not an already stopped run).
     type: str
   state:
     description:
@@ -94,6 +102,8 @@ options:
     default: SIGTERM
   timeout:
     description:
+      - Like every time option (O(kill_after), O(gpu_release_timeout), O(gpu_query_timeout), O(pid_create_time)),
+        a finite number; C(nan) and C(inf) are refused.
       - Seconds to wait in total for the whole tree to exit, the C(SIGKILL) phase included.
       - When processes are still alive after it, the module fails and lists them in RV(survivors).
     type: float
@@ -137,7 +147,8 @@ options:
     description:
       - Training log to read after the halt (or now, with O(state=present)). Its last O(log_lines) lines are
         returned and parsed for the last step, throughput and loss.
-      - A missing or unreadable log is a warning, not a failure.
+      - A missing or unreadable log is a warning, not a failure; so is a path that is not a regular file (a FIFO, a
+        device), which is never opened for a blocking read. At most its last MiB is read.
     type: path
   log_lines:
     description:
@@ -176,6 +187,8 @@ options:
     description:
       - Shell glob, relative to O(checkpoint_dir), of the entries (files or directories) that are checkpoints.
         The default (names with a digit) skips helper files such as C(latest) or C(config.json).
+      - It never leaves O(checkpoint_dir) - an absolute glob or one with a C(..) part is refused, and entries that
+        are symbolic links out of the directory are not reported.
     type: str
     default: '*[0-9]*'
   wait_gpu_release:
@@ -523,7 +536,9 @@ gpu:
   sample: {checked: false, released: null, skipped_reason: "no NVIDIA GPU: nvidia-smi not found", still_on_gpu: []}
 """
 
+import math
 import os
+import pwd
 import re
 import time
 
@@ -588,8 +603,15 @@ def compile_option(module: AnsibleModule, option: str, min_groups: int = 0):
     return compiled
 
 
+#: The options that are numbers of seconds (or a time stamp): each must be a finite number.
+TIME_OPTIONS = ("timeout", "kill_after", "gpu_release_timeout", "gpu_query_timeout", "pid_create_time")
+
+
 def validate(module: AnsibleModule) -> None:
     params = module.params
+    for option in TIME_OPTIONS:
+        if params[option] is not None and not math.isfinite(params[option]):
+            module.fail_json(msg=f"{option}={params[option]} is not a finite number; give a number of seconds.")
     if params["pid"] is not None and params["pid"] <= 0:
         module.fail_json(msg=f"pid={params['pid']} is not a process id; give the pid (> 0) of a training process.")
     if params["pid_create_time"] is not None and params["pid"] is None:
@@ -627,8 +649,21 @@ def validate(module: AnsibleModule) -> None:
         )
     if params["user"] is not None and not params["user"].strip():
         module.fail_json(msg="user is empty; give a user name or uid, or leave user out to match every user.")
+    if params["user"] and not params["user"].isdigit():
+        try:
+            pwd.getpwnam(params["user"])
+        except KeyError:
+            module.fail_json(
+                msg=(
+                    f"user={params['user']!r} does not exist on this host, so no process can be matched for it; "
+                    "give the name (or uid) of the user the training run runs as, or leave user out."
+                )
+            )
     if not params["checkpoint_glob"]:
         module.fail_json(msg="checkpoint_glob is empty; give a glob such as '*[0-9]*' or 'checkpoint-*'.")
+    problem = _training_log.checkpoint_glob_problem(params["checkpoint_glob"])
+    if problem:
+        module.fail_json(msg=f"checkpoint_glob={params['checkpoint_glob']!r} {problem}.")
 
 
 def select(module: AnsibleModule, table: dict, protected: dict, pattern, lookalikes: dict) -> list:
@@ -808,6 +843,17 @@ def main() -> None:
 
     table = _procs.snapshot()
     protected = _procs.protected_pids(table, os.getpid())
+    if pattern is not None:
+        problem = _procs.pattern_problem(table, pattern, protected, params["user"])
+        if problem:
+            module.fail_json(
+                msg=(
+                    f"pattern={params['pattern']!r} {problem}: it does not select one training run. Use script "
+                    "(the training script's file name or path) instead, or a pattern that only the run's command "
+                    "lines contain (and user, for one user's run). Nothing was signalled."
+                ),
+                changed=False,
+            )
     lookalikes: dict = {}
     selected = select(module, table, protected, pattern, lookalikes)
     tree = _procs.build_tree(table, selected, protected, launcher_re=launcher_re, user=params["user"])

@@ -101,7 +101,10 @@ def test_render_parse_is_a_fixed_point():
         (["/py", "-m", "sglang.launch_server", "--tp-size", "2"], ["/py -m sglang.launch_server", "--tp-size 2"]),
         (["/py", "-m", "s", "--x", "-1", "--flag", "--y", "a", "b"], ["/py -m s", "--x -1", "--flag", "--y a b"]),
         (["/py", "--model-path", "/a b"], ["/py", '--model-path "/a b"']),
-        (["/py", "--frac", "50%"], ["/py", "--frac 50%%"]),
+        # the words are in the unit file's form (sglang_capabilities escapes new values: 50%% means 50%, %n is the
+        # unit's specifier): written as they are, never escaped twice
+        (["/py", "--frac", "50%%"], ["/py", "--frac 50%%"]),
+        (["/py", "--log", "/var/log/%n"], ["/py", "--log /var/log/%n"]),
         (["/py", "--json", '{"a": 1}'], ["/py", '--json "{\\"a\\": 1}"']),
         (["/py", "--empty", ""], ["/py", '--empty ""']),
         (["/py", "--path", "${HOME}/x"], ["/py", "--path ${HOME}/x"]),
@@ -309,6 +312,7 @@ def test_filters_are_registered():
         "pip_freeze_find",
         "pivot_secrets",
         "pivot_mask",
+        "pivot_unmask",
         "pivot_listen_warning",
         "pivot_duration",
         "pivot_si",

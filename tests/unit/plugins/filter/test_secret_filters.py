@@ -38,15 +38,33 @@ SECRETS = {
         ["from-file-999", "sk-openai"],
     ),
     "$VAR form, Environment=": ([*SERVE, "--api-key", "$K"], {"K": "envkey-77"}, [], "envkey-77", None, []),
+    # systemd runs with the file's value; the Environment= value is still a secret (systemctl show prints it)
     "EnvironmentFile overrides Environment": (
         SERVE,
         {"MY_SECRET": "old"},
         ["MY_SECRET=new-secret"],
         None,
         None,
-        ["new-secret"],
+        ["new-secret", "old"],
     ),
-    "names that are not secrets": (SERVE, {"KEYBOARD": "us", "MONKEY": "x", "PATH": "/usr/bin"}, [], None, None, []),
+    # issue 25: the names on the allow-list of harmless names (module_utils _secrets) are never masked ...
+    "names that are not secrets": (
+        SERVE,
+        {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_PLUGINS": "ddtree", "HF_HOME": "/srv/hf"},
+        [],
+        None,
+        None,
+        [],
+    ),
+    # ... every other name's value is a secret, whatever the name says (DATABASE_URL holds a password)
+    "every other name is a secret": (
+        SERVE,
+        {"KEYBOARD": "us", "DATABASE_URL": "postgres://u:PW@h/db", "SENTRY_DSN": "https://k@s/1", "X": "1"},
+        [],
+        None,
+        None,
+        ["postgres://u:PW@h/db", "https://k@s/1", "us"],
+    ),
     "password and credentials": (
         SERVE,
         {"DB_PASSWORD": "pw-1", "AWS_CREDENTIALS": "c-2"},
