@@ -149,6 +149,11 @@ def test_check_diff_shows_the_plan_and_changes_nothing(lab, tmp_path) -> None:
     assert drafter["path"] == "/models/Qwen3-tiny-DFlash" and drafter["weights_checked"] is True
     assert "DDTREE the server will run: plugin (sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo)" in run.out
     assert "DDTREE the server will run: **plugin** (`sglang_ddtree.sglang.spec_algo.DDTreeSpecAlgo`)" in md
+    # A check that failed or could not be decided here is in the Markdown too, not only in the JSON (issue 27).
+    ddtree = plan["ddtree"]
+    assert (f"> **The check failed:** {ddtree['problem']}" in md) is (not ddtree["ok"]), (ddtree, md)
+    if ddtree.get("undecided"):
+        assert f"> **Not decided on this host:** {ddtree['undecided']}" in md
     assert lk.preflight_leftovers() == "", "the temporary copy of the plugin must be gone"
     # Preflight reports no change (a second pivot run must say changed=0), not even its background checks.
     changed = [b.splitlines()[0] for b in run.out.split("TASK [")[1:]

@@ -76,11 +76,28 @@ def test_check_command_reports_the_plugin(plugins_loaded, capsys):
 
 def test_check_command_fails_when_a_hook_is_missing(plugins_loaded, monkeypatch):
     import sglang_ddtree.sglang as plugin
+    from sglang_ddtree.sglang import hooks
 
     monkeypatch.setattr(plugin, "_applied_hooks", lambda: {"a.b.c": True, "x.y.z": False})
+    monkeypatch.setattr(hooks, "_target_importable", lambda target: None)  # it imports, yet it is not wrapped
     status, report = plugin.check_sglang()
     assert status == 1 and report["implementation"] == "plugin"
     assert report["problem"] == "DDTREE is registered but hooks are not applied: ['x.y.z']"
+    assert "undecided" not in report
+
+
+def test_check_command_says_when_a_hook_cannot_be_decided_on_this_host(plugins_loaded, monkeypatch):
+    """A hook target that does not import here (a CUDA-graph module on a host without a GPU) is not a failure of
+    the check: it says so in plain words; a missing hook whose target imports still fails."""
+    import sglang_ddtree.sglang as plugin
+    from sglang_ddtree.sglang import hooks
+
+    monkeypatch.setattr(plugin, "_applied_hooks", lambda: {"a.b.c": True, "x.y.z": False})
+    monkeypatch.setattr(hooks, "_target_importable", lambda target: "ImportError: libcuda.so.1: cannot open")
+    status, report = plugin.check_sglang()
+    assert status == 0 and report["ok"] is True and report["problem"] is None
+    assert report["undecided"].startswith("cannot be decided on this host: the hook targets ['x.y.z'] do not")
+    assert "libcuda.so.1" in report["undecided"]
 
 
 # --- a native DDTREE: the plugin steps aside --------------------------------------------------------------

@@ -182,9 +182,23 @@ def check_sglang(expect: str = "any") -> tuple[int, dict]:
     elif not ok:
         problem = f"DDTREE resolves to the {impl} implementation, expected {expect}"
     elif impl == "plugin" and not all(report["hooks"].values()):
+        from .hooks import _target_importable
+
         missing = sorted(t for t, on in report["hooks"].items() if not on)
-        problem = f"DDTREE is registered but hooks are not applied: {missing}"
-        ok = False
+        # A hook whose target does not even import in this interpreter (e.g. a CUDA-graph module on a host
+        # without a GPU) cannot be judged here: the server imports it at start-up and applies the hook then, and
+        # refuses to start without the graph hook (its worker checks). One that imports but is not wrapped failed.
+        reasons = {t: _target_importable(t) for t in missing}
+        failed = [t for t in missing if reasons[t] is None]
+        if failed:
+            problem = f"DDTREE is registered but hooks are not applied: {failed}"
+            ok = False
+        else:
+            report["undecided"] = (
+                f"cannot be decided on this host: the hook targets {missing} do not import in this interpreter "
+                f"({'; '.join(sorted(set(str(r) for r in reasons.values())))}); the server applies them when it "
+                "starts, and its DDTREE worker refuses to start without the CUDA-graph hook"
+            )
     report["expect"] = expect
     report["ok"] = ok
     report["problem"] = problem
