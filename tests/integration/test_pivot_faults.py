@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -432,33 +433,73 @@ def test_rollback_downgrades_the_plugin_to_its_previous_version(lab, tmp_path) -
 
 # ------------------------------------------------------------------------------------------------ secrets
 API_KEY, HF_TOKEN = "lab-secret-api-key-4242", "hf_lab_token_7777"
+ADMIN_KEY, DB_PASSWORD = "lab-admin-key-5353", "dbpw-lab-6161"  # --admin-api-key=K; a password inside DATABASE_URL
+
+
+class CmdlineSampler(threading.Thread):
+    """Every process command line on the controller and in both lab containers, read about once a second while a
+    run goes on (any user can read /proc/*/cmdline: a secret there is a secret given away)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.seen: set[str] = set()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for proc in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    self.seen.add(proc.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    pass
+            for host in (lk.INFERENCE, lk.TRAINING):
+                out = lk.sh(host, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done 2>/dev/null",
+                            check=False, timeout=30)
+                self.seen.update(out.splitlines())
+            self.stop.wait(1.0)
 
 
 def test_a_unit_with_an_api_key_and_a_token_pivots_and_never_shows_them(lab, tmp_path) -> None:
-    # A server started with --api-key (its /generate answers 401 without it, as SGLang's own auth rule says) and a
-    # token in Environment=: health, baseline and comparison authenticate; no secret reaches the console, the
-    # --diff output, the report, or the pivot's records (0600).
-    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1", "HF_TOKEN": HF_TOKEN}
-    lk.reset("-e", json.dumps({"lab_sglang_extra_args": [["--api-key", API_KEY]], "lab_sglang_environment": env}))
+    # A server started with --api-key and --admin-api-key=K (its /generate answers 401 without a key, as SGLang's
+    # own auth rule says), a token and a database URL with a password in Environment=: health, baseline and
+    # comparison authenticate; no secret reaches the console at -vvvv with --diff, the report, the pivot's records
+    # (0600), or any process's command line on the controller or the hosts during the run (issue 25).
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1", "HF_TOKEN": HF_TOKEN,
+           "DATABASE_URL": f"postgres://lab:{DB_PASSWORD}@db.invalid/pivot"}
+    lk.reset("-e", json.dumps({"lab_sglang_extra_args": [["--api-key", API_KEY], [f"--admin-api-key={ADMIN_KEY}"]],
+                               "lab_sglang_environment": env}))
     unauth = lk.sh(lk.INFERENCE, "python3 -c \"import urllib.request as u; r=u.Request('http://127.0.0.1:30000/generate',"
                    " data=b'{}', method='POST');\ntry: u.urlopen(r)\nexcept Exception as e: print(e)\"", check=False)
     assert "401" in unauth, unauth
-    run = pivot(tmp_path, "--diff")
+    sampler = CmdlineSampler()
+    sampler.start()
+    try:
+        run = pivot(tmp_path, "--diff", "-vvvv")
+    finally:
+        sampler.stop.set()
+        sampler.join(timeout=60)
     assert run.rc == 0, run.tail()
     svc = run.report()["inference"][0]["service"]
     assert svc["health"]["healthy"] is True and svc["baseline"]["before"]["ok"] is True, svc["baseline"]["before"]
     assert svc["baseline"]["comparison"]["agreeing"] == svc["baseline"]["comparison"]["prompts"]
     plan = run.report()["inference"][0]["plan"]
-    assert plan["auth"] == {"api_key": True, "admin_api_key": False, "secrets": ["--api-key", "HF_TOKEN"],
-                            "secrets_present": True}
-    assert "--api-key ***" in plan["new_exec_start"] and plan["environment"]["HF_TOKEN"] == "***"
+    assert plan["auth"]["api_key"] is True and plan["auth"]["admin_api_key"] is True, plan["auth"]
+    assert {"--api-key", "--admin-api-key", "HF_TOKEN", "DATABASE_URL"} <= set(plan["auth"]["secrets"]), plan["auth"]
     assert any("holds a secret" in w for w in plan["warnings"]), plan["warnings"]
     assert not any("without --api-key" in w for w in plan["warnings"])
-    texts = {"console (with --diff)": run.out}
+    assert len(sampler.seen) > 20, "the sampler must have read command lines during the run"
+    # The SGLang server itself takes its keys on its command line (the operator's unit says so, old and new):
+    # that is the server's own configuration, not something the pivot spawned.
+    spawned = [line for line in sampler.seen if "-m sglang_lab_server" not in line]
+    assert len(spawned) < len(sampler.seen), "the server's own command line must have been sampled too"
+    texts = {"console (-vvvv, --diff)": run.out, "process command lines": "\n".join(spawned)}
     for name in ("pivot-report.json", "pivot-report.md"):
         texts[name] = (run.report_dir / name).read_text()
     for where, text in texts.items():
-        for secret in (API_KEY, HF_TOKEN):
+        for secret in (API_KEY, ADMIN_KEY, HF_TOKEN, DB_PASSWORD):
             assert secret not in text, f"{secret} in the {where}"
+    # the new unit still carries every secret (the pivot changes the algorithm, not the server's credentials)
+    unit = lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+    assert all(secret in unit for secret in (API_KEY, ADMIN_KEY, HF_TOKEN, DB_PASSWORD)), "a secret was lost"
     modes = lk.sh(lk.INFERENCE, f"find {lk.STATE_DIR}/units -type f -exec stat -c '%a %n' {{}} +").split("\n")
     assert modes and all(line.startswith("600 ") for line in modes if line.strip()), modes
