@@ -17,9 +17,11 @@ spec_accept_rate, spec_verify_ct, finish_reason), completion_tokens, wall_s, tok
 time over every measured request), server (speculative_algorithm, avg_spec_accept_length, version, from
 /get_server_info when it answers). Exit 0 either way; the caller decides.
 
-A server started with ``--api-key``/``--admin-api-key``: the keys come from the environment variables
-``SPECDEC_PIVOT_API_KEY`` (sent with ``/generate``) and ``SPECDEC_PIVOT_ADMIN_API_KEY`` (sent with
-``/get_server_info`` when set, else the API key), never from the command line, which other users can read.
+A server started with ``--api-key``/``--admin-api-key``: the keys come from the JSON file (mode 0600, written by
+the role just before) that the environment variable ``SPECDEC_PIVOT_AUTH_FILE`` names: ``api_key`` (sent with
+``/generate``) and ``admin_api_key`` (sent with ``/get_server_info`` when set, else the API key). Never from the
+command line, which other users can read, and never from the environment itself: Ansible puts a task's environment
+on the remote shell's command line (and prints it at -vvv).
 """
 
 from __future__ import annotations
@@ -38,11 +40,21 @@ def iso_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def read_keys() -> dict:
+    """The server's keys from the file ``SPECDEC_PIVOT_AUTH_FILE`` names ({} when none is named)."""
+    path = os.environ.get("SPECDEC_PIVOT_AUTH_FILE")
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def auth_headers(admin: bool = False) -> dict:
     """``Authorization: Bearer KEY`` as SGLang checks it (admin endpoints prefer the admin key)."""
-    key = os.environ.get("SPECDEC_PIVOT_API_KEY") or ""
+    keys = read_keys()
+    key = keys.get("api_key") or ""
     if admin:
-        key = os.environ.get("SPECDEC_PIVOT_ADMIN_API_KEY") or key
+        key = keys.get("admin_api_key") or key
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
