@@ -433,7 +433,7 @@ def test_rollback_downgrades_the_plugin_to_its_previous_version(lab, tmp_path) -
 
 # ------------------------------------------------------------------------------------------------ secrets
 API_KEY, HF_TOKEN = "lab-secret-api-key-4242", "hf_lab_token_7777"
-ADMIN_KEY, DB_PASSWORD = "lab-admin-key-5353", "dbpw-lab-6161"  # --admin-api-key=K; a password inside DATABASE_URL
+ADMIN_KEY, DB_PASSWORD = "lab-admin-key-5353", "dbpw-lab-6161"  # --admin-api-key; a password inside DATABASE_URL
 
 
 class CmdlineSampler(threading.Thread):
@@ -460,13 +460,13 @@ class CmdlineSampler(threading.Thread):
 
 
 def test_a_unit_with_an_api_key_and_a_token_pivots_and_never_shows_them(lab, tmp_path) -> None:
-    # A server started with --api-key and --admin-api-key=K (its /generate answers 401 without a key, as SGLang's
+    # A server started with --api-key and --admin-api-key (its /generate answers 401 without a key, as SGLang's
     # own auth rule says), a token and a database URL with a password in Environment=: health, baseline and
     # comparison authenticate; no secret reaches the console at -vvvv with --diff, the report, the pivot's records
     # (0600), or any process's command line on the controller or the hosts during the run (issue 25).
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1", "HF_TOKEN": HF_TOKEN,
            "DATABASE_URL": f"postgres://lab:{DB_PASSWORD}@db.invalid/pivot"}
-    lk.reset("-e", json.dumps({"lab_sglang_extra_args": [["--api-key", API_KEY], [f"--admin-api-key={ADMIN_KEY}"]],
+    lk.reset("-e", json.dumps({"lab_sglang_extra_args": [["--api-key", API_KEY], ["--admin-api-key", ADMIN_KEY]],
                                "lab_sglang_environment": env}))
     unauth = lk.sh(lk.INFERENCE, "python3 -c \"import urllib.request as u; r=u.Request('http://127.0.0.1:30000/generate',"
                    " data=b'{}', method='POST');\ntry: u.urlopen(r)\nexcept Exception as e: print(e)\"", check=False)
