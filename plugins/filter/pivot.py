@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.specdec.pivot.plugins.module_utils import _secrets, _sglang
+from ansible_collections.specdec.pivot.plugins.module_utils import _exec_start, _secrets, _systemd_unit
 
 # --------------------------------------------------------------------------------------------------------------
 # systemd unit files
@@ -111,7 +111,8 @@ def systemd_quote(word: str) -> str:
 
     The words are in the unit file's form, as ``sglang_capabilities`` returns them (``unit.argv``,
     ``exec_start_new.argv``): ``%`` specifiers and ``$VAR`` references as the unit writes them, literal values
-    already escaped (``%%``, ``$$``; module_utils ``_sglang.systemd_escape``), so nothing is escaped twice here.
+    already escaped (``%%``, ``$$``; module_utils ``_systemd_cmdline.systemd_escape``), so nothing is escaped twice
+    here.
     Words with whitespace, quotes, backslashes or ``;`` are double-quoted with backslash escapes; an empty word
     becomes ``""``.
     """
@@ -550,23 +551,23 @@ def pivot_secrets(
     """
     assignments: dict[str, str] = {}
     if isinstance(argv, str):
-        commands = _sglang.unit_exec_starts([argv])
+        commands = _systemd_unit.unit_exec_starts([argv])
         if not commands:
             raise AnsibleFilterError("pivot_secrets: the unit file's text has no ExecStart= in [Service]")
         try:
-            parsed = _sglang.parse_exec_start(commands[0])
+            parsed = _exec_start.parse_exec_start(commands[0])
         except ValueError as exc:
             raise AnsibleFilterError(f"pivot_secrets: cannot parse the unit's ExecStart: {exc}") from exc
         words, assignments = parsed["argv"], parsed["env_assignments"]
     else:
         words = [str(w) for w in (argv or [])]
     if isinstance(environment, str):
-        unit_env = _sglang.parse_environment_property(environment)
+        unit_env = _systemd_unit.parse_environment_property(environment)
     else:
         unit_env = {str(k): "" if v is None else str(v) for k, v in (environment or {}).items()}
     env = dict(unit_env)
     for text in env_files or []:  # systemd: EnvironmentFile= overrides Environment=
-        env.update(_sglang.parse_environment_file(str(text)))
+        env.update(_systemd_unit.parse_environment_file(str(text)))
     more = [str(w) for w in (extra_args or [])]
     values = _secrets.unit_secrets([*words, *more], unit_env, env, assignments)
     keys: dict[str, str] = {}

@@ -425,7 +425,7 @@ secrets:
   sample: [--api-key, HF_TOKEN]
 exec_start_parsed:
   description:
-    - The unit's ExecStart parsed (module_utils C(_sglang.parse_exec_start)) - C(interpreter), C(module) (for
+    - The unit's ExecStart parsed (module_utils C(_exec_start.parse_exec_start)) - C(interpreter), C(module) (for
       C(-m X)) or C(script), C(python_options), C(args) (positional words before the first flag), C(flags)
       (C(--flag value) gives the value, a bare flag true, several values or a repeated flag a list), C(order)
       (flags as they occur), C(repeated), C(trailing_args), C(launcher), C(env_assignments), C(program), C(kind).
@@ -469,7 +469,16 @@ import pwd
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.specdec.pivot.plugins.module_utils import _secrets, _sglang
+from ansible_collections.specdec.pivot.plugins.module_utils import (
+    _argv_flags,
+    _exec_start,
+    _exec_wrappers,
+    _secrets,
+    _sglang_caps,
+    _sglang_flags,
+    _systemd_cmdline,
+    _systemd_unit,
+)
 from ansible_collections.specdec.pivot.plugins.module_utils._sglang_probe import PROBE_SOURCE, parse_probe_output
 
 ARGUMENT_SPEC = dict(
@@ -510,13 +519,13 @@ def read_unit(module: AnsibleModule, unit: str) -> dict:
             "pass the interpreter with python=<path> instead of unit"
         )
     cmd = [systemctl, "show", "--no-pager"]
-    for prop in _sglang.UNIT_PROPERTIES:
+    for prop in _systemd_unit.UNIT_PROPERTIES:
         cmd += ["-p", prop]
     rc, out, err = module.run_command([*cmd, "--", unit], expand_user_and_vars=False)
     if rc != 0:
         raise ProbeError(f"unit={unit}: systemctl show failed (rc={rc}): {(err or out).strip()}")
     try:
-        info = _sglang.unit_info_from_show(_sglang.parse_systemctl_show(out), unit)
+        info = _systemd_unit.unit_info_from_show(_systemd_unit.parse_systemctl_show(out), unit)
     except ValueError as exc:
         raise ProbeError(f"unit={unit}: {exc}; check the name with `systemctl list-units --all '*sglang*'`") from exc
     return info
@@ -536,14 +545,14 @@ def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
         except OSError as exc:
             why = f"cannot read {path}: {exc.strerror or exc}"
             break
-    commands = _sglang.unit_exec_starts(texts) if paths and not why else []
+    commands = _systemd_unit.unit_exec_starts(texts) if paths and not why else []
     if paths and not why and not commands:
         why = f"no ExecStart= in {', '.join(paths)}"
     if not paths:
         why = "the unit has no unit file (FragmentPath is empty)"
     try:
         if commands:
-            parsed = _sglang.parse_exec_start(commands[0])
+            parsed = _exec_start.parse_exec_start(commands[0])
             loaded = info["argv"]
             if "%" not in commands[0] and " ".join(parsed["argv"]).split() != loaded:
                 shown = _secrets.mask(" ".join(loaded), _secrets.unit_secrets(loaded, info["environment"]), False)
@@ -553,7 +562,7 @@ def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
                 )
             info.update(exec_start_source="unit file", argv=parsed["argv"], exec_commands=len(commands))
         else:
-            parsed = _sglang.parse_exec_start(
+            parsed = _exec_start.parse_exec_start(
                 {"path": info["exec_path"], "argv": info["argv"], "prefix": info["exec_prefix"]}
             )
             module.warn(
@@ -562,7 +571,7 @@ def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
             )
     except ValueError as exc:
         raise ProbeError(f"unit={info['name']}: cannot parse ExecStart: {exc}") from exc
-    info["exec_start"] = _sglang.render_exec_start(parsed)
+    info["exec_start"] = _exec_start.render_exec_start(parsed)
     if info["exec_commands"] > 1:
         module.warn(f"unit {info['name']} has {info['exec_commands']} ExecStart commands; only the first one is used")
     return parsed
@@ -574,7 +583,7 @@ def unit_environment(module: AnsibleModule, info: dict) -> dict:
     for ef in info["environment_files"]:
         try:
             with open(ef["path"], encoding="utf-8") as fh:
-                env.update(_sglang.parse_environment_file(fh.read()))
+                env.update(_systemd_unit.parse_environment_file(fh.read()))
         except OSError as exc:
             if not ef["ignore_errors"]:
                 module.warn(f"cannot read EnvironmentFile {ef['path']} of unit {info['name']}: {exc}")
@@ -584,17 +593,18 @@ def unit_environment(module: AnsibleModule, info: dict) -> dict:
 def resolve_interpreter(parsed: dict, unit: str, env: dict, working_directory: str = "") -> tuple[str, str]:
     """(interpreter path, how it was found) from a parsed ExecStart, found as systemd and its wrappers find it."""
     try:
-        resolved = _sglang.resolve_exec_program(parsed, env, working_directory, _is_executable, os.path.exists)
+        resolved = _exec_wrappers.resolve_exec_program(parsed, env, working_directory, _is_executable, os.path.exists)
     except ValueError as exc:
         raise ProbeError(
-            f"unit={unit}: cannot tell which interpreter `ExecStart={_sglang.render_argv(parsed['argv'])[:300]}` "
+            f"unit={unit}: cannot tell which interpreter "
+            f"`ExecStart={_systemd_cmdline.render_argv(parsed['argv'])[:300]}` "
             f"runs: {exc}. Fix the unit (an absolute interpreter path), or give it with unit_python=<path> "
             "(role specdec.pivot.sglang_preflight: sglang_preflight_python)"
         ) from exc
     found = resolved["path"]
-    path_var = env.get("PATH") or _sglang.SYSTEMD_DEFAULT_PATH
+    path_var = env.get("PATH") or _exec_wrappers.SYSTEMD_DEFAULT_PATH
     via = f" via {' + '.join(resolved['wrappers'])}" if resolved["wrappers"] else ""
-    if _sglang.is_python(found):
+    if _exec_start.is_python(found):
         return found, f"unit ExecStart{via}"
     # a console script (e.g. /opt/venv/bin/sglang): its #! line names the interpreter
     try:
@@ -609,7 +619,7 @@ def resolve_interpreter(parsed: dict, unit: str, env: dict, working_directory: s
             cand = _which(words[0], path_var) if words else None
         else:
             cand = words[0] if words else None
-        if cand and _sglang.is_python(cand) and _is_executable(cand):
+        if cand and _exec_start.is_python(cand) and _is_executable(cand):
             return cand, f"#! line of {found}"
     env_root = os.path.dirname(os.path.dirname(found))
     if os.path.exists(os.path.join(env_root, "pyvenv.cfg")) or os.path.isdir(os.path.join(env_root, "conda-meta")):
@@ -718,7 +728,7 @@ def main() -> None:
             else:
                 python, source = resolve_interpreter(parsed, p["unit"], env, info["working_directory"])
             shown = _secrets.mask(parsed, secrets)  # resolve_interpreter above used the real words
-            info["exec_start"] = _sglang.render_exec_start(shown)
+            info["exec_start"] = _exec_start.render_exec_start(shown)
             result["unit"] = info
             result["exec_start_parsed"] = shown
             if info["working_directory"] and info["working_directory"] != "~":
@@ -775,13 +785,13 @@ def main() -> None:
                 expand_user_and_vars=False,
             )
             if rc == 0:
-                help_result = _sglang.parse_help_algorithms(out)
+                help_result = _sglang_caps.parse_help_algorithms(out)
             elif rc == 124:
                 help_result = {"error": f"launch_server --help took longer than timeout={p['timeout']} s"}
             else:
                 help_result = {"error": f"launch_server --help failed (rc={rc}): {last_line(err) or last_line(out)}"}
 
-        caps = _sglang.summarize_capabilities(probe, help_result)
+        caps = _sglang_caps.summarize_capabilities(probe, help_result)
         caps["python"] = dict(caps["python"], requested=python, source=source, run_as=run_user)
         result.update(caps)
         result["msg"] = summary_message(result)
@@ -837,25 +847,25 @@ def new_exec_start(parsed: dict, info: dict, speculative_flags: dict, extra_args
     write it, which systemd runs as the values were given. Words read back from ``systemctl show`` (specifiers
     already expanded) are first put in the unit file's form.
     """
-    base = parsed if parsed.get("source") == "unit_file" else _sglang.parse_exec_start(info["exec_start"])
+    base = parsed if parsed.get("source") == "unit_file" else _exec_start.parse_exec_start(info["exec_start"])
     try:
-        new_flags = _sglang.replace_speculative_flags(base["flags"], speculative_flags)
-        extra = _sglang.parse_flags([_sglang.systemd_escape(w) for w in extra_args])
+        new_flags = _sglang_flags.replace_speculative_flags(base["flags"], speculative_flags)
+        extra = _argv_flags.parse_flags([_systemd_cmdline.systemd_escape(w) for w in extra_args])
         if extra["args"] or extra["trailing_args"]:
             raise ValueError("extra_args must be --flag [value...] words, without positional words or --")
         for flag, value in extra["flags"].items():  # argparse: the last occurrence wins, so it replaces in place
             new_flags[flag] = value
         new = dict(base, flags=new_flags, repeated=[f for f in base["repeated"] if f in new_flags])
-        new_argv = _sglang.exec_start_argv(new)
-        head = _sglang.exec_start_argv({**new, "flags": {}, "trailing_args": []})
+        new_argv = _exec_start.exec_start_argv(new)
+        head = _exec_start.exec_start_argv({**new, "flags": {}, "trailing_args": []})
         return {
             "argv": new_argv,
             "server_args": new_argv[len(head) :],
-            "value": _sglang.render_exec_start(new),
-            "multiline": _sglang.render_exec_start(new, multiline=True),
+            "value": _exec_start.render_exec_start(new),
+            "multiline": _exec_start.render_exec_start(new, multiline=True),
             "flags": new_flags,
-            "removed": _sglang.speculative_flags(base["flags"]),
-            "differs": new_argv != _sglang.exec_start_argv(base),
+            "removed": _sglang_flags.speculative_flags(base["flags"]),
+            "differs": new_argv != _exec_start.exec_start_argv(base),
         }
     except ValueError as exc:
         raise ProbeError(f"speculative_flags={speculative_flags!r}, extra_args={extra_args!r}: {exc}") from exc

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.specdec.pivot.plugins.module_utils import _sglang as s
+from ansible_collections.specdec.pivot.plugins.module_utils import _exec_start, _sglang_flags
+from ansible_collections.specdec.pivot.plugins.module_utils import _exec_wrappers as s
 
 SERVE = ["-m", "sglang.launch_server", "--model-path", "/models/m", "--tp-size", "2", "--port", "30000"]
 EXE = {
@@ -217,7 +218,7 @@ def _fs():
 @pytest.mark.parametrize("case", RESOLVED)
 def test_the_interpreter_is_the_one_systemd_and_the_wrappers_run(case):
     head, env, workdir, expected, wrappers = RESOLVED[case]
-    parsed = s.parse_exec_start([*head, *SERVE])
+    parsed = _exec_start.parse_exec_start([*head, *SERVE])
     assert parsed["module"] == "sglang.launch_server" and parsed["flags"]["--tp-size"] == "2"
     assert [w["tool"] for w in parsed["wrappers"]] == wrappers
     got = s.resolve_exec_program(parsed, env, workdir, *_fs())
@@ -228,11 +229,13 @@ def test_the_interpreter_is_the_one_systemd_and_the_wrappers_run(case):
 @pytest.mark.parametrize("case", RESOLVED)
 def test_wrappers_are_kept_when_the_exec_start_is_rewritten(case):
     head = RESOLVED[case][0]
-    parsed = s.parse_exec_start([*head, *SERVE])
-    assert s.exec_start_argv(parsed) == [*head, *SERVE]
-    new = dict(parsed, flags=s.replace_speculative_flags(parsed["flags"], {"--speculative-algorithm": "DDTREE"}))
-    assert s.exec_start_argv(new)[: len(head)] == head
-    again = s.parse_exec_start(s.render_exec_start(new, multiline=True))
+    parsed = _exec_start.parse_exec_start([*head, *SERVE])
+    assert _exec_start.exec_start_argv(parsed) == [*head, *SERVE]
+    new = dict(
+        parsed, flags=_sglang_flags.replace_speculative_flags(parsed["flags"], {"--speculative-algorithm": "DDTREE"})
+    )
+    assert _exec_start.exec_start_argv(new)[: len(head)] == head
+    again = _exec_start.parse_exec_start(_exec_start.render_exec_start(new, multiline=True))
     assert again["launcher"] == parsed["launcher"] and again["flags"]["--speculative-algorithm"] == "DDTREE"
 
 
@@ -276,7 +279,7 @@ def test_an_interpreter_that_cannot_be_told_for_sure_is_refused_with_the_reason(
     head, env, workdir, needle = REFUSED[case]
     argv = head if case in WHOLE_COMMAND else [*head, *SERVE]
     with pytest.raises(ValueError, match=None) as err:
-        parsed = s.parse_exec_start(argv)
+        parsed = _exec_start.parse_exec_start(argv)
         s.resolve_exec_program(parsed, env, workdir, *_fs())
     assert needle in str(err.value), str(err.value)
 
@@ -285,7 +288,7 @@ def test_an_interpreter_that_cannot_be_told_for_sure_is_refused_with_the_reason(
 def test_the_server_arguments_start_after_every_wrapper(case):
     """What preflight hands to SGLang's own parser: the flags after the program, never a wrapper's flags."""
     head = RESOLVED[case][0]
-    parsed = s.parse_exec_start([*head, *SERVE])
-    argv = s.exec_start_argv(parsed)
-    server = argv[len(s.exec_start_argv({**parsed, "flags": {}, "trailing_args": []})) :]
+    parsed = _exec_start.parse_exec_start([*head, *SERVE])
+    argv = _exec_start.exec_start_argv(parsed)
+    server = argv[len(_exec_start.exec_start_argv({**parsed, "flags": {}, "trailing_args": []})) :]
     assert server == SERVE[2:]

@@ -1,6 +1,6 @@
 """Issue 25 in tables: which values are secrets (module_utils _secrets), the module's masking and the role's way back
-to the real values (filters pivot_secrets + pivot_unmask), systemd escaping of new ExecStart values (_sglang), and
-the role/playbook tasks that handle unit data under no_log."""
+to the real values (filters pivot_secrets + pivot_unmask), systemd escaping of new ExecStart values (_systemd_cmdline,
+_sglang_flags), and the role/playbook tasks that handle unit data under no_log."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.specdec.pivot.plugins.filter import pivot as f
+from ansible_collections.specdec.pivot.plugins.module_utils import (
+    _exec_start,
+    _sglang_flags,
+    _systemd_cmdline,
+    _systemd_unit,
+)
 from ansible_collections.specdec.pivot.plugins.module_utils import _secrets as s
-from ansible_collections.specdec.pivot.plugins.module_utils import _sglang
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -162,9 +167,9 @@ def test_the_role_reads_back_every_value_the_module_masked():
     what sglang_preflight does under no_log (pivot_secrets of the unit file's text, systemd's Environment property
     and the files; pivot_unmask of the module's argv) meet: the real argv comes back, and the masked one holds no
     planted value."""
-    parsed = _sglang.parse_exec_start(_sglang.unit_exec_starts([UNIT])[0])
-    show_env = _sglang.parse_environment_property(SHOW_ENVIRONMENT)
-    merged = {**show_env, **_sglang.parse_environment_file(ENV_FILE)}
+    parsed = _exec_start.parse_exec_start(_systemd_unit.unit_exec_starts([UNIT])[0])
+    show_env = _systemd_unit.parse_environment_property(SHOW_ENVIRONMENT)
+    merged = {**show_env, **_systemd_unit.parse_environment_file(ENV_FILE)}
     module_secrets = s.unit_secrets(parsed["argv"], show_env, merged, parsed["env_assignments"])
     masked = s.mask({"argv": parsed["argv"], "environment": merged}, module_secrets)
     assert not any(v in json.dumps(masked) for v in PLANTED)
@@ -184,9 +189,9 @@ def test_a_key_in_the_extra_args_is_a_secret_too():
     """sglang_preflight_extra_args reach the module as extra_args: a key there is masked by the module and read
     back by the role the same way (pivot_secrets' extra_args)."""
     extra = ["--api-key", "KX-extra-key-value"]
-    parsed = _sglang.parse_exec_start(_sglang.unit_exec_starts([UNIT])[0])
-    show_env = _sglang.parse_environment_property(SHOW_ENVIRONMENT)
-    merged = {**show_env, **_sglang.parse_environment_file(ENV_FILE)}
+    parsed = _exec_start.parse_exec_start(_systemd_unit.unit_exec_starts([UNIT])[0])
+    show_env = _systemd_unit.parse_environment_property(SHOW_ENVIRONMENT)
+    merged = {**show_env, **_systemd_unit.parse_environment_file(ENV_FILE)}
     module_secrets = s.unit_secrets([*parsed["argv"], *extra], show_env, merged, parsed["env_assignments"])
     auth = f.pivot_secrets(UNIT, SHOW_ENVIRONMENT, [ENV_FILE], extra)
     assert auth["values"] == module_secrets and "KX-extra-key-value" in auth["secret_values"]
@@ -214,11 +219,11 @@ def test_pivot_unmask_fails_naming_the_secret():
     ],
 )
 def test_new_values_are_escaped_for_systemd(value, escaped):
-    assert _sglang.systemd_escape(value) == escaped
-    flags = _sglang.replace_speculative_flags({"--model-path": "/m/%i"}, {"speculative-draft-model-path": value})
+    assert _systemd_cmdline.systemd_escape(value) == escaped
+    flags = _sglang_flags.replace_speculative_flags({"--model-path": "/m/%i"}, {"speculative-draft-model-path": value})
     assert flags == {"--model-path": "/m/%i", "--speculative-draft-model-path": escaped}  # kept words: as written
-    parsed = _sglang.parse_exec_start(f"/py -m sglang.launch_server --model-path /m --x {escaped}")
-    line = _sglang.render_exec_start(parsed)
+    parsed = _exec_start.parse_exec_start(f"/py -m sglang.launch_server --model-path /m --x {escaped}")
+    line = _exec_start.render_exec_start(parsed)
     assert line.endswith(f"--x {escaped}")  # the unit file's form, not escaped twice
     assert f.systemd_exec_lines(parsed["argv"])[-1] == f"--x {escaped}"  # the role's template, the same
 
