@@ -622,16 +622,7 @@ def pivot_mask(data: Any, secrets: Any) -> Any:
                 text = re.sub(r"(?<![\w-])" + re.escape(value) + r"(?![\w-])", MASK, text)
         return text
 
-    def walk(item: Any) -> Any:
-        if isinstance(item, str):
-            return mask_str(item)
-        if isinstance(item, Mapping):
-            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(v) for v in item]
-        return item
-
-    return walk(data)
+    return _secrets.map_strings(data, mask_str)
 
 
 def pivot_listen_warning(host: Any, api_key: Any) -> str | None:

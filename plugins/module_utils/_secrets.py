@@ -191,6 +191,18 @@ def _pattern(secrets: Mapping[str, str]):
     return re.compile("|".join(part[1] for part in sorted(parts, key=lambda p: -p[0])))
 
 
+def map_strings(data, fn):
+    """``data`` (str, list, tuple, dict, nested) with ``fn`` applied to every string in it, dict keys included;
+    other values as they are. Lists and tuples come back as lists."""
+    if isinstance(data, str):
+        return fn(data)
+    if isinstance(data, Mapping):
+        return {map_strings(k, fn) if isinstance(k, str) else k: map_strings(v, fn) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [map_strings(v, fn) for v in data]
+    return data
+
+
 def mask(data, secrets: Mapping[str, str], named: bool = True):
     """``data`` (str, list, dict, nested) with every secret value replaced: by its marker (``named``) or ``***``.
 
@@ -219,16 +231,7 @@ def mask(data, secrets: Mapping[str, str], named: bool = True):
             return marker(exact[text]) if named else MASK
         return pattern.sub(sub, text)
 
-    def walk(item):
-        if isinstance(item, str):
-            return one(item)
-        if isinstance(item, Mapping):
-            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(v) for v in item]
-        return item
-
-    return walk(data)
+    return map_strings(data, one)
 
 
 def unmask(data, secrets: Mapping[str, str]):
@@ -245,16 +248,7 @@ def unmask(data, secrets: Mapping[str, str]):
 
         return _MARKER_RE.sub(sub, text)
 
-    def walk(item):
-        if isinstance(item, str):
-            return one(item)
-        if isinstance(item, Mapping):
-            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(v) for v in item]
-        return item
-
-    return walk(data)
+    return map_strings(data, one)
 
 
 def markers(data) -> list[str]:
