@@ -503,3 +503,17 @@ def test_a_unit_with_an_api_key_and_a_token_pivots_and_never_shows_them(lab, tmp
     assert all(secret in unit for secret in (API_KEY, ADMIN_KEY, HF_TOKEN, DB_PASSWORD)), "a secret was lost"
     modes = lk.sh(lk.INFERENCE, f"find {lk.STATE_DIR}/units -type f -exec stat -c '%a %n' {{}} +").split("\n")
     assert modes and all(line.startswith("600 ") for line in modes if line.strip()), modes
+
+
+def test_values_with_percent_and_dollar_reach_the_server_as_written(lab, tmp_path) -> None:
+    # systemd expands %-specifiers and $VAR in ExecStart: a value the pivot writes into the unit is escaped (%%, $$),
+    # so the new server's own argv (read from /proc) holds the literal value the plan shows (issue 25).
+    name = "lab-100%n-$HOME-${USER}"
+    run = pivot(tmp_path, "-e", json.dumps({"sglang_preflight_extra_args": ["--served-model-name", name]}))
+    assert run.rc == 0, run.tail()
+    argv = lk.running_server_argv()
+    assert argv[argv.index("--served-model-name") + 1] == name, argv
+    plan = run.report()["inference"][0]["plan"]
+    assert plan["new_argv"][plan["new_argv"].index("--served-model-name") + 1] == name, plan["new_argv"]
+    unit = lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+    assert "lab-100%%n-$$HOME-$${USER}" in unit, unit
