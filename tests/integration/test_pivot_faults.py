@@ -507,13 +507,13 @@ def test_a_unit_with_an_api_key_and_a_token_pivots_and_never_shows_them(lab, tmp
 
 def test_values_with_percent_and_dollar_reach_the_server_as_written(lab, tmp_path) -> None:
     # systemd expands %-specifiers and $VAR in ExecStart: a value the pivot writes into the unit is escaped (%%, $$),
-    # so the new server's own argv (read from /proc) holds the literal value the plan shows (issue 25).
-    name = "lab-100%n-$HOME-${USER}"
+    # so the new server's own argv (read from /proc) holds the literal value; the plan shows the words in the unit
+    # file's form, which is what systemd reads (issue 25).
+    name, escaped = "lab-100%n-$HOME-${USER}", "lab-100%%n-$$HOME-$${USER}"
     run = pivot(tmp_path, "-e", json.dumps({"sglang_preflight_extra_args": ["--served-model-name", name]}))
     assert run.rc == 0, run.tail()
     argv = lk.running_server_argv()
     assert argv[argv.index("--served-model-name") + 1] == name, argv
     plan = run.report()["inference"][0]["plan"]
-    assert plan["new_argv"][plan["new_argv"].index("--served-model-name") + 1] == name, plan["new_argv"]
-    unit = lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
-    assert "lab-100%%n-$$HOME-$${USER}" in unit, unit
+    assert plan["new_argv"][plan["new_argv"].index("--served-model-name") + 1] == escaped, plan["new_argv"]
+    assert escaped in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
