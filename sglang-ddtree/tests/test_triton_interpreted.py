@@ -61,6 +61,9 @@ CASES = [
     "glue/verify-prep",
     "glue/commit-plan",
     "glue/move-kv",
+    "attention/reference",
+    "attention/sglang",
+    "attention/router",
 ]
 
 

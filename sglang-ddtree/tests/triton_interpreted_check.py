@@ -1,5 +1,6 @@
 """Run by test_triton_interpreted.py in a subprocess with TRITON_INTERPRET=1: the Triton kernels on the CPU.
-``--glue-device cuda`` runs the glue cases compiled on a GPU instead (bench/gpu/glue_check.sh).
+``--glue-device cuda`` runs the glue and attention cases compiled on a GPU instead (bench/gpu/run_all.sh
+glue-check).
 
 Prints one JSON object per case: {"case": ..., "ok": bool, "detail": ...}.
 """
@@ -14,7 +15,7 @@ import torch
 from ddtree_testlib import heap_tree
 
 from sglang_ddtree._triton_vocab import topk_logprobs
-from sglang_ddtree.sglang import _triton_glue
+from sglang_ddtree.sglang import _triton_attention, _triton_glue
 from sglang_ddtree.sglang.commit import commit_plan
 from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
 from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32
@@ -112,9 +113,94 @@ def glue_cases(gen, device="cpu"):
     report("glue/move-kv", all(torch.equal(a, b) for a, b in zip(kv, expect, strict=True)))
 
 
+def attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device):
+    """A verify batch: random q/k/v and pool, each request's prefix at random slots, a random tree per request in
+    the FULL_MASK layout whose prefix cells are random too (the kernel must never read them)."""
+    bsz, pool = len(prefixes), sum(prefixes) + 9
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    cells, starts = [], [0]
+    for p in prefixes:
+        anc = torch.eye(m, dtype=torch.bool)
+        for i in range(1, m):
+            anc[i] |= anc[int(torch.randint(0, i, (), generator=gen))]
+        block = torch.randint(0, 2, (m, p + m), generator=gen, dtype=torch.uint8)
+        block[:, p:] = anc
+        cells.append(block.reshape(-1))
+        starts.append(starts[-1] + m * (p + m))
+    lens = torch.tensor([0, *prefixes])
+    return dict(
+        q=rnd(bsz * m, hq, d), k=rnd(bsz * m, hkv, d), v=rnd(bsz * m, hkv, d), k_buffer=rnd(pool, hkv, d),
+        v_buffer=rnd(pool, hkv, d), qo_indptr=torch.arange(0, (bsz + 1) * m, m, dtype=torch.int32).to(device),
+        kv_indptr=torch.cumsum(lens, 0).to(device=device, dtype=torch.int32),
+        kv_indices=torch.randperm(pool, generator=gen)[: sum(prefixes)].to(device=device, dtype=torch.int64),
+        custom_mask=torch.cat(cells).to(device), mask_indptr=torch.tensor(starts, dtype=torch.int64).to(device))
+
+
+def attention_cases(gen, device="cpu"):
+    """The plugin's tree verify attention against the torch reference (prefix splits 1 and 3, prefixes 0..70,
+    GQA groups 1 and 4, M 5 and 17) and against SGLang's own ``extend_attention_fwd``; the router sends a tree
+    call to the plugin's kernel and anything else to SGLang's."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    tol = 1e-4 if device == "cpu" else 2e-2
+    ok, detail = True, []
+    for prefixes, m, hq, hkv, d, splits in [([5, 0, 70], 17, 8, 2, 32, 1), ([5, 0, 70], 17, 8, 2, 32, 3),
+                                            ([130], 5, 4, 4, 16, 2), ([3, 40], 9, 12, 2, 64, 1)]:
+        x = attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device)
+        o = torch.zeros_like(x["q"])
+        _triton_attention.tree_verify_attention(o=o, max_q=m, sm_scale=d ** -0.5, splits=splits, **x)
+        ref = _triton_attention.tree_verify_attention_torch(sm_scale=d ** -0.5, **{n: t.cpu() for n, t in x.items()})
+        err = (o.float().cpu() - ref).abs().max().item()
+        ok = ok and err < tol
+        detail.append(f"{prefixes} m={m} G={hq // hkv} S={splits}: {err:.2e}")
+    report("attention/reference", ok, "; ".join(detail))
+
+    try:
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    except Exception as exc:  # an environment without SGLang: the reference case above still ran
+        report("attention/sglang", False, f"SGLang's extend_attention_fwd does not import: {exc}")
+        return
+    x = attention_inputs(gen, [7, 0, 33], 17, 8, 2, 32, dtype, device)
+    theirs, ours = torch.zeros_like(x["q"]), torch.zeros_like(x["q"])
+    args = (x["q"], x["k"], x["v"], theirs, x["k_buffer"], x["v_buffer"], x["qo_indptr"], x["kv_indptr"],
+            x["kv_indices"], x["custom_mask"], True, x["mask_indptr"], 17, 1.0, 1.0)
+    extend_attention_fwd(*args, sm_scale=32 ** -0.5)
+    _triton_attention.tree_verify_attention(o=ours, max_q=17, sm_scale=32 ** -0.5, **x)
+    err = (ours.float() - theirs.float()).abs().max().item()
+    report("attention/sglang", err < tol, f"max |ours - SGLang's| {err:.2e}")
+
+    import functools
+
+    from sglang_ddtree.sglang.verify_attention import route_verify_attention
+
+    calls = []
+
+    @functools.wraps(extend_attention_fwd)
+    def counted(*a, **kw):
+        calls.append(kw.get("logit_cap", 0.0))
+        return extend_attention_fwd(*a, **kw)
+
+    class Backend:  # stand-in: the instance attribute TritonAttnBackend.__init__ sets and forward_extend calls
+        def __init__(self):
+            self.extend_attention_fwd = counted
+
+    backend = Backend()
+    routed = route_verify_attention(backend) and route_verify_attention(backend)  # idempotent
+    out = torch.zeros_like(x["q"])
+    backend.extend_attention_fwd(*args[:3], out, *args[4:], sm_scale=32 ** -0.5)  # a tree verify: ours
+    ours_routed = len(calls) == 0 and torch.equal(out, ours)
+    backend.extend_attention_fwd(*args[:3], out, *args[4:], sm_scale=32 ** -0.5, logit_cap=30.0)  # soft cap: theirs
+    backend.extend_attention_fwd(*args[:9], None, True, None, 17, 1.0, 1.0, sm_scale=32 ** -0.5)  # causal: theirs
+    report("attention/router", routed and ours_routed and calls == [30.0, 0.0], f"calls to SGLang's: {calls}")
+
+
 def main():
     if "--glue-device" in sys.argv:
-        glue_cases(torch.Generator().manual_seed(0), sys.argv[sys.argv.index("--glue-device") + 1])
+        device = sys.argv[sys.argv.index("--glue-device") + 1]
+        glue_cases(torch.Generator().manual_seed(0), device)
+        attention_cases(torch.Generator().manual_seed(1), device)
         return 0
     assert os.environ.get("TRITON_INTERPRET") == "1"
     gen = torch.Generator().manual_seed(0)
@@ -169,6 +255,7 @@ def main():
             ok = ok and int(want[1].max()) >= 1
         report(f"walk/{name}", ok)
     glue_cases(gen)
+    attention_cases(gen)
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ def _applied_hooks() -> dict:
     from . import hooks
 
     applied = {}
-    for target in (hooks.SPEC_NEED_HIDDEN_STATES, hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO):
+    for target in hooks.REQUIRED:
         owner, _, attr = target.rpartition(".")
         try:
             applied[target] = hasattr(getattr(hooks._resolve_owner(owner), attr), "__wrapped__")

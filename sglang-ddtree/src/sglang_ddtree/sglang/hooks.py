@@ -12,6 +12,9 @@ every other algorithm) behaves exactly as without the plugin.
   the nodes before it in flattened order, ancestors or not. DDTREE's target graphs are captured with the mask
   buffer and the tree topk instead (the replay copies each step's mask into that buffer).
 * ``spec_info.create_dummy_verify_input``: the same for the warm-up/dummy verify input.
+* ``TritonAttnBackend.__init__`` (optional: without it DDTREE is as correct and slower): a target runner's Triton
+  backend routes its tree-masked verify attention to the plugin's kernel (verify_attention.py), before the
+  target's verify graphs are captured.
 
 Other places that compare the literal "DFLASH" gate features DDTREE rejects at start-up or does not offer
 (unified-memory pools, replay-SSM, PD disaggregation, aux-hidden-state export, LoRA); see SGLANG.md.
@@ -28,8 +31,12 @@ logger = logging.getLogger(__name__)
 SPEC_NEED_HIDDEN_STATES = "sglang.srt.speculative.spec_utils.spec_need_hidden_states"
 CREATE_DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 GRAPH_GET_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+TRITON_BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+#: the hooks DDTREE cannot serve without (check-sglang reports each of them)
+REQUIRED = (SPEC_NEED_HIDDEN_STATES, CREATE_DUMMY_VERIFY_INPUT, GRAPH_GET_SPEC_INFO)
 
-__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "SPEC_NEED_HIDDEN_STATES", "register_hooks"]
+__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "REQUIRED", "SPEC_NEED_HIDDEN_STATES",
+           "TRITON_BACKEND_INIT", "register_hooks"]
 
 
 def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
@@ -91,6 +98,21 @@ def graph_get_spec_info_hook(original, runner, *args: Any, **kwargs: Any):
     )
 
 
+def triton_backend_init_hook(original, backend, *args: Any, **kwargs: Any):
+    """A target runner's Triton backend under DDTREE sends its tree-masked verify attention to the plugin's
+    kernel (verify_attention.py); every other backend is left as SGLang made it."""
+    from .server_args import is_ddtree
+
+    result = original(backend, *args, **kwargs)
+    model_runner = kwargs.get("model_runner", args[0] if args else None)
+    if (model_runner is not None and is_ddtree(getattr(model_runner, "spec_algorithm", None))
+            and not getattr(model_runner, "is_draft_worker", False)):
+        from .verify_attention import route_verify_attention
+
+        route_verify_attention(backend)
+    return result
+
+
 def _resolve_owner(owner: str) -> Any:
     """The module ``owner`` names, or the class ``module.Class`` (its module's own import errors propagate)."""
     try:
@@ -129,13 +151,15 @@ def register_hooks() -> list[str]:
         (SPEC_NEED_HIDDEN_STATES, spec_need_hidden_states_hook),
         (CREATE_DUMMY_VERIFY_INPUT, create_dummy_verify_input_hook),
         (GRAPH_GET_SPEC_INFO, graph_get_spec_info_hook),
+        (TRITON_BACKEND_INIT, triton_backend_init_hook),
     ):
         if hook.__name__.removesuffix("_hook") in skip:
             logger.warning("sglang-ddtree: TEST: hook on %s left out (SGLANG_DDTREE_TEST_SKIP_HOOKS)", target)
             continue
         problem = _target_importable(target)
         if problem is not None:
-            logger.warning("sglang-ddtree: hook on %s not installed (%s); DDTREE needs it to serve", target, problem)
+            need = "DDTREE needs it to serve" if target in REQUIRED else "DDTREE's verify attention stays SGLang's"
+            logger.warning("sglang-ddtree: hook on %s not installed (%s); %s", target, problem, need)
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
         registered.append(target)
