@@ -54,15 +54,19 @@ def count_trace(events: list[dict]) -> dict:
     """Launch and sync counts of a chrome trace's events (torch profiler ``cuda_runtime``/``cuda_driver`` rows)
     and the GPU busy time in microseconds (union of ``kernel`` events; a CUDA-graph replay's kernels included).
 
-    A device-to-host ``cudaMemcpy``/``cudaMemcpyAsync`` (``.item()``, ``.tolist()``) is a host sync too."""
+    A device-to-host ``cudaMemcpy``/``cudaMemcpyAsync`` (``.item()``, ``.tolist()``) is a host sync too.
+    ``kernel_us``: the 15 kernels (by name) with the most GPU time in the trace, in microseconds."""
     launches = graph_launches = syncs = 0
     kernels = []
+    by_name: dict[str, float] = {}
     for ev in events:
         name = ev.get("name", "")
         if ev.get("ph") not in (None, "X"):
             continue
         if ev.get("cat") == "kernel" and "ts" in ev:
             kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0))))
+            short = name.split("(")[0][:80]
+            by_name[short] = by_name.get(short, 0.0) + float(ev.get("dur", 0.0))
             continue
         if name in LAUNCH_NAMES:
             launches += 1
@@ -71,7 +75,9 @@ def count_trace(events: list[dict]) -> dict:
             syncs += 1
         elif name.startswith("cudaMemcpy") and "DtoH" in json.dumps(ev.get("args", {})):
             syncs += 1
-    return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs, "gpu_busy_us": busy_time(kernels)}
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs, "gpu_busy_us": busy_time(kernels),
+            "kernel_us": dict(top)}
 
 
 def read_traces(directory: Path) -> list[dict]:
@@ -140,6 +146,7 @@ def main() -> int:
                     row[f"{key}_launches"] = p.get("launches_per_step")
                     row[f"{key}_syncs"] = p.get("syncs_per_step")
                     row[f"{key}_gpu_busy_ms"] = p.get("gpu_busy_ms_per_step")
+                    row[f"{key}_kernels_us"] = p.get("kernel_us_per_step")
                 if row["dflash_ms"] and row["ddtree_ms"]:
                     row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
                 rows.append(row)

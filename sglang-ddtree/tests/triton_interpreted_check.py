@@ -146,15 +146,20 @@ def attention_cases(gen, device="cpu"):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     tol = 1e-4 if device == "cpu" else 2e-2
     ok, detail = True, []
-    for prefixes, m, hq, hkv, d, splits in [([5, 0, 70], 17, 8, 2, 32, 1), ([5, 0, 70], 17, 8, 2, 32, 3),
-                                            ([130], 5, 4, 4, 16, 2), ([3, 40], 9, 12, 2, 64, 1)]:
+    # (prefixes, M, Hq, Hkv, D, splits, min_chunk): one program per request; the prefix split three ways with every
+    # split busy (min_chunk 8) or with the short prefixes left to the first split; G = 1, 4, 6
+    for prefixes, m, hq, hkv, d, splits, chunk in [([5, 0, 70], 17, 8, 2, 32, 1, 256), ([5, 0, 70], 17, 8, 2, 32, 3, 8),
+                                                   ([5, 0, 70], 17, 8, 2, 32, 3, 64), ([130], 5, 4, 4, 16, 2, 16),
+                                                   ([3, 40], 9, 12, 2, 64, 1, 256)]:
         x = attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device)
-        o = torch.zeros_like(x["q"])
-        _triton_attention.tree_verify_attention(o=o, max_q=m, sm_scale=d ** -0.5, splits=splits, **x)
         ref = _triton_attention.tree_verify_attention_torch(sm_scale=d ** -0.5, **{n: t.cpu() for n, t in x.items()})
-        err = (o.float().cpu() - ref).abs().max().item()
-        ok = ok and err < tol
-        detail.append(f"{prefixes} m={m} G={hq // hkv} S={splits}: {err:.2e}")
+        for _ in range(2):  # the second call finds the split tickets put back to 0 by the first
+            o = torch.zeros_like(x["q"])
+            _triton_attention.tree_verify_attention(o=o, max_q=m, sm_scale=d ** -0.5, splits=splits,
+                                                    min_chunk=chunk, **x)
+            err = (o.float().cpu() - ref).abs().max().item()
+            ok = ok and err < tol
+        detail.append(f"{prefixes} m={m} G={hq // hkv} S={splits} chunk>={chunk}: {err:.2e}")
     report("attention/reference", ok, "; ".join(detail))
 
     try:

@@ -1,12 +1,13 @@
-"""The target verify's attention for a tree: one Triton kernel (plus a merge when the prefix is split) that
-replaces SGLang's ``extend_attention_fwd`` for DDTREE's TARGET_VERIFY on the Triton backend.
+"""The target verify's attention for a tree: one Triton kernel that replaces SGLang's ``extend_attention_fwd`` for
+DDTREE's TARGET_VERIFY on the Triton backend.
 
 Why: SGLang's extend kernel runs one program per (request, QUERY head) with a 128-row query tile, so a verify of
 M = N+1 tokens fills M of 128 rows and reads every prefix K/V row once per query head (4x for a GQA group of 4),
 and it has one program per (request, head) however long the prefix is. Here one program serves a whole GQA group
 of one KV head: its rows are the M tokens x G query heads (68 of 128 at M=17, G=4), so the prefix K/V is read
-once per KV head, and at small batch the prefix is split over ``S`` programs (flash-decoding) whose partial
-results one merge kernel combines.
+once per KV head, and at small batch the prefix is split over ``S`` programs (flash-decoding, at least
+``min_chunk`` keys each); the last of them to finish merges the partial results (a ticket counter per request and
+head block, so no second launch).
 
 Layouts (T = total verify tokens = sum of the requests' M, Hq = G * Hkv):
 
@@ -32,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["plan_splits", "tree_verify_attention", "tree_verify_attention_torch"]
+__all__ = ["counters", "plan_splits", "tree_verify_attention", "tree_verify_attention_torch"]
 
 LOG2E = 1.4426950408889634
 
@@ -43,7 +44,7 @@ def _next_pow2(n: int) -> int:
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K_new, V_new, K_buf, V_buf, Out, Part_acc, Part_ml,
+    Q, K_new, V_new, K_buf, V_buf, Out, Part_acc, Part_ml, Counters,
     qo_indptr, kv_indptr, kv_indices, mask_ptr, mask_indptr,
     scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -51,6 +52,7 @@ def _tree_attn_kernel(
     Hkv,
     G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, S: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid1 = tl.program_id(1)  # kv head x row block
@@ -79,8 +81,9 @@ def _tree_attn_kernel(
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
 
-    # the prefix: this program's share of it (S programs split it evenly)
-    chunk = tl.cdiv(prefix, S)
+    # the prefix: this program's share of it (S programs split it evenly, none less than MIN_CHUNK keys: a short
+    # prefix is left to the first programs, the others have nothing to add)
+    chunk = tl.maximum(tl.cdiv(prefix, S), MIN_CHUNK)
     lo = s * chunk
     hi = tl.minimum(prefix, lo + chunk)
     offs_n = tl.arange(0, BLOCK_N)
@@ -102,8 +105,8 @@ def _tree_attn_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
         m_i = m_new
 
-    # the tree block (the last split): node qi sees node t where the mask says so
-    if s == S - 1:
+    # the tree block (the first split): node qi sees node t where the mask says so
+    if s == 0:
         t = tl.arange(0, BLOCK_T)
         t_ok = t < q_len
         ttok = (q_start + t).to(tl.int64)
@@ -129,49 +132,40 @@ def _tree_attn_kernel(
         tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
                  out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
     else:
-        # partials [B, Hkv * RB, S, BLOCK_R, BLOCK_DV] and [B, Hkv * RB, S, 2, BLOCK_R]
-        base = ((b * tl.num_programs(1) + pid1) * S + s).to(tl.int64)
+        # Partials [B, Hkv * RB, S, BLOCK_R, BLOCK_DV] and [B, Hkv * RB, S, 2, BLOCK_R], written by the splits that
+        # had work; the last program of (b, pid1) to take its ticket merges them (no second launch) and puts the
+        # counter back to 0 for the next call.
+        cid = b * tl.num_programs(1) + pid1
+        base0 = (cid * S).to(tl.int64)
         rr = tl.arange(0, BLOCK_R)
-        tl.store(Part_acc + (base * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :], acc)
-        tl.store(Part_ml + base * 2 * BLOCK_R + rr, m_i)
-        tl.store(Part_ml + base * 2 * BLOCK_R + BLOCK_R + rr, l_i)
-
-
-@triton.jit
-def _tree_attn_merge_kernel(
-    Out, Part_acc, Part_ml, qo_indptr,
-    stride_ot, stride_oh,
-    Hkv,
-    G: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, S: tl.constexpr,
-):
-    b = tl.program_id(0)
-    pid1 = tl.program_id(1)
-    h = pid1 % Hkv
-    rb = pid1 // Hkv
-    q_start = tl.load(qo_indptr + b)
-    q_len = tl.load(qo_indptr + b + 1) - q_start
-    r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-    rr = tl.arange(0, BLOCK_R)
-    qi = r // G
-    head = h * G + r % G
-    row_ok = qi < q_len
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < DV
-    base0 = ((b * tl.num_programs(1) + pid1) * S).to(tl.int64)
-    m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(S):
-        m_all = tl.maximum(m_all, tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr))
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    l_all = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-    for s in range(S):
-        w = tl.exp2(tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr) - m_safe)
-        l_all += w * tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + BLOCK_R + rr)
-        acc += w[:, None] * tl.load(Part_acc + ((base0 + s) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :])
-    out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]
-    tok = (q_start + qi).to(tl.int64)
-    tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        if (s == 0) | (lo < prefix):
+            tl.store(Part_acc + ((base0 + s) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :], acc)
+            tl.store(Part_ml + (base0 + s) * 2 * BLOCK_R + rr, m_i)
+            tl.store(Part_ml + (base0 + s) * 2 * BLOCK_R + BLOCK_R + rr, l_i)
+        tl.debug_barrier()  # every thread's partial stores precede the ticket (released by the atomic)
+        ticket = tl.atomic_add(Counters + cid, 1, sem="acq_rel")
+        if ticket == S - 1:
+            tl.store(Counters + cid, 0)
+            used = tl.minimum(tl.cdiv(prefix, chunk), S)
+            used = tl.maximum(used, 1)
+            m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
+            for s2 in range(S):
+                if s2 < used:
+                    m_all = tl.maximum(m_all, tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + rr,
+                                                      cache_modifier=".cg"))
+            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+            l_all = tl.zeros([BLOCK_R], tl.float32)
+            acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+            for s2 in range(S):
+                if s2 < used:
+                    w = tl.exp2(tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + rr, cache_modifier=".cg") - m_safe)
+                    l_all += w * tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + BLOCK_R + rr, cache_modifier=".cg")
+                    acc += w[:, None] * tl.load(
+                        Part_acc + ((base0 + s2) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :],
+                        cache_modifier=".cg")
+            out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]
+            tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+                     out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -205,16 +199,36 @@ def _blocks(group: int, max_q: int, d: int, dv: int) -> tuple[int, int, int]:
     return block_r, block_n, 8 if block_r * max(d, dv) >= 128 * 128 else 4
 
 
+_COUNTERS: dict[str, torch.Tensor] = {}
+COUNTERS_RESERVED = 1 << 16
+
+
+def counters(device: torch.device | str, needed: int = COUNTERS_RESERVED) -> torch.Tensor:
+    """The zeroed int32 tickets the split programs of one (request, head block) count themselves in (the last one
+    merges and puts its ticket back to 0). One buffer per device, made outside CUDA-graph capture (``reserve``
+    at the backend's set-up), so that every captured graph uses the same one."""
+    key = str(torch.device(device))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < needed:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"tree verify attention: {needed} split tickets needed during CUDA-graph capture, "
+                               f"{0 if buf is None else buf.numel()} reserved")
+        buf = torch.zeros(max(needed, COUNTERS_RESERVED), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           k_buffer: torch.Tensor, v_buffer: torch.Tensor, qo_indptr: torch.Tensor,
                           kv_indptr: torch.Tensor, kv_indices: torch.Tensor, custom_mask: torch.Tensor,
                           mask_indptr: torch.Tensor, max_q: int, sm_scale: float,
-                          splits: int | None = None) -> torch.Tensor:
+                          splits: int | None = None, min_chunk: int = 256) -> torch.Tensor:
     """Tree-masked verify attention into ``o`` (see the module docstring for the layouts); returns ``o``.
 
     Args:
         max_q: the largest per-request token count (the verify's M = N+1); host-known.
         splits: programs per request's prefix (default: ``plan_splits`` for this batch on this GPU).
+        min_chunk: fewest prefix keys a split program takes (a shorter prefix is served by fewer programs).
     """
     _, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[-1]
@@ -229,11 +243,11 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         part_acc = torch.empty(batch * hkv * row_blocks * splits * block_r * block_dv, device=q.device,
                                dtype=torch.float32)
         part_ml = torch.empty(batch * hkv * row_blocks * splits * 2 * block_r, device=q.device, dtype=torch.float32)
+        tickets = counters(q.device, batch * hkv * row_blocks)
     else:
-        part_acc = part_ml = o  # unused
-    grid = (batch, hkv * row_blocks, splits)
-    _tree_attn_kernel[grid](
-        q, k, v, k_buffer, v_buffer, o, part_acc, part_ml,
+        part_acc = part_ml = tickets = o  # unused
+    _tree_attn_kernel[(batch, hkv * row_blocks, splits)](
+        q, k, v, k_buffer, v_buffer, o, part_acc, part_ml, tickets,
         qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
@@ -241,13 +255,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         hkv,
         G=group, D=d, DV=dv, BLOCK_D=_next_pow2(max(16, d)), BLOCK_DV=block_dv,
         BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_T=_next_pow2(max(16, max_q)), S=splits,
-        num_warps=warps, num_stages=1,
+        MIN_CHUNK=max(int(min_chunk), 1), num_warps=warps, num_stages=1,
     )
-    if splits > 1:
-        _tree_attn_merge_kernel[(batch, hkv * row_blocks)](
-            o, part_acc, part_ml, qo_indptr, o.stride(0), o.stride(1), hkv,
-            G=group, DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, S=splits, num_warps=4,
-        )
     return o
 
 
