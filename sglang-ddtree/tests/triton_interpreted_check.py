@@ -153,7 +153,7 @@ def attention_cases(gen, device="cpu"):
                                                    ([3, 40], 9, 12, 2, 64, 1, 256)]:
         x = attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device)
         ref = _triton_attention.tree_verify_attention_torch(sm_scale=d ** -0.5, **{n: t.cpu() for n, t in x.items()})
-        for _ in range(2):  # the second call finds the split tickets put back to 0 by the first
+        for _ in range(2):  # a second call over the same buffers gives the same result
             o = torch.zeros_like(x["q"])
             _triton_attention.tree_verify_attention(o=o, max_q=m, sm_scale=d ** -0.5, splits=splits,
                                                     min_chunk=chunk, **x)

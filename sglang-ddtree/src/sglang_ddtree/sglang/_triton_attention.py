@@ -6,8 +6,7 @@ M = N+1 tokens fills M of 128 rows and reads every prefix K/V row once per query
 and it has one program per (request, head) however long the prefix is. Here one program serves a whole GQA group
 of one KV head: its rows are the M tokens x G query heads (68 of 128 at M=17, G=4), so the prefix K/V is read
 once per KV head, and at small batch the prefix is split over ``S`` programs (flash-decoding, at least
-``min_chunk`` keys each); the last of them to finish merges the partial results (a ticket counter per request and
-head block, so no second launch).
+``min_chunk`` keys each: a short prefix is left to the first of them) whose partial results a second kernel merges.
 
 Layouts (T = total verify tokens = sum of the requests' M, Hq = G * Hkv):
 
@@ -33,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["counters", "plan_splits", "tree_verify_attention", "tree_verify_attention_torch"]
+__all__ = ["plan_splits", "tree_verify_attention", "tree_verify_attention_torch"]
 
 LOG2E = 1.4426950408889634
 
@@ -44,7 +43,7 @@ def _next_pow2(n: int) -> int:
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K_new, V_new, K_buf, V_buf, Out, Part_acc, Part_ml, Counters,
+    Q, K_new, V_new, K_buf, V_buf, Out, Part_acc, Part_ml,
     qo_indptr, kv_indptr, kv_indices, mask_ptr, mask_indptr,
     scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -131,41 +130,56 @@ def _tree_attn_kernel(
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
                  out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-    else:
-        # Partials [B, Hkv * RB, S, BLOCK_R, BLOCK_DV] and [B, Hkv * RB, S, 2, BLOCK_R], written by the splits that
-        # had work; the last program of (b, pid1) to take its ticket merges them (no second launch) and puts the
-        # counter back to 0 for the next call.
-        cid = b * tl.num_programs(1) + pid1
-        base0 = (cid * S).to(tl.int64)
+    elif (s == 0) | (lo < prefix):
+        # partials [B, Hkv * RB, S, BLOCK_R, BLOCK_DV] and [B, Hkv * RB, S, 2, BLOCK_R] of the splits that had work
+        base = ((b * tl.num_programs(1) + pid1) * S + s).to(tl.int64)
         rr = tl.arange(0, BLOCK_R)
-        if (s == 0) | (lo < prefix):
-            tl.store(Part_acc + ((base0 + s) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :], acc)
-            tl.store(Part_ml + (base0 + s) * 2 * BLOCK_R + rr, m_i)
-            tl.store(Part_ml + (base0 + s) * 2 * BLOCK_R + BLOCK_R + rr, l_i)
-        tl.debug_barrier()  # every thread's partial stores precede the ticket (released by the atomic)
-        ticket = tl.atomic_add(Counters + cid, 1, sem="acq_rel")
-        if ticket == S - 1:
-            tl.store(Counters + cid, 0)
-            used = tl.minimum(tl.cdiv(prefix, chunk), S)
-            used = tl.maximum(used, 1)
-            m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
-            for s2 in range(S):
-                if s2 < used:
-                    m_all = tl.maximum(m_all, tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + rr,
-                                                      cache_modifier=".cg"))
-            m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-            l_all = tl.zeros([BLOCK_R], tl.float32)
-            acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-            for s2 in range(S):
-                if s2 < used:
-                    w = tl.exp2(tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + rr, cache_modifier=".cg") - m_safe)
-                    l_all += w * tl.load(Part_ml + (base0 + s2) * 2 * BLOCK_R + BLOCK_R + rr, cache_modifier=".cg")
-                    acc += w[:, None] * tl.load(
-                        Part_acc + ((base0 + s2) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :],
-                        cache_modifier=".cg")
-            out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]
-            tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
-                     out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        tl.store(Part_acc + (base * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :], acc)
+        tl.store(Part_ml + base * 2 * BLOCK_R + rr, m_i)
+        tl.store(Part_ml + base * 2 * BLOCK_R + BLOCK_R + rr, l_i)
+
+
+@triton.jit
+def _tree_attn_merge_kernel(
+    Out, Part_acc, Part_ml, qo_indptr, kv_indptr,
+    stride_ot, stride_oh,
+    Hkv,
+    G: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, S: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    h = pid1 % Hkv
+    rb = pid1 // Hkv
+    q_start = tl.load(qo_indptr + b)
+    q_len = tl.load(qo_indptr + b + 1) - q_start
+    prefix = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
+    chunk = tl.maximum(tl.cdiv(prefix, S), MIN_CHUNK)
+    used = tl.maximum(tl.minimum(tl.cdiv(prefix, chunk), S), 1)  # the splits that wrote partials
+    r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    rr = tl.arange(0, BLOCK_R)
+    qi = r // G
+    head = h * G + r % G
+    row_ok = qi < q_len
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
+    base0 = ((b * tl.num_programs(1) + pid1) * S).to(tl.int64)
+    m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(S):
+        if s < used:
+            m_all = tl.maximum(m_all, tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+    for s in range(S):
+        if s < used:
+            w = tl.exp2(tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr) - m_safe)
+            l_all += w * tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + BLOCK_R + rr)
+            acc += w[:, None] * tl.load(Part_acc + ((base0 + s) * BLOCK_R + rr[:, None]) * BLOCK_DV + dv[None, :])
+    out = acc / tl.where(l_all > 0, l_all, 1.0)[:, None]
+    tok = (q_start + qi).to(tl.int64)
+    tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -199,25 +213,6 @@ def _blocks(group: int, max_q: int, d: int, dv: int) -> tuple[int, int, int]:
     return block_r, block_n, 8 if block_r * max(d, dv) >= 128 * 128 else 4
 
 
-_COUNTERS: dict[str, torch.Tensor] = {}
-COUNTERS_RESERVED = 1 << 16
-
-
-def counters(device: torch.device | str, needed: int = COUNTERS_RESERVED) -> torch.Tensor:
-    """The zeroed int32 tickets the split programs of one (request, head block) count themselves in (the last one
-    merges and puts its ticket back to 0). One buffer per device, made outside CUDA-graph capture (``reserve``
-    at the backend's set-up), so that every captured graph uses the same one."""
-    key = str(torch.device(device))
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < needed:
-        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"tree verify attention: {needed} split tickets needed during CUDA-graph capture, "
-                               f"{0 if buf is None else buf.numel()} reserved")
-        buf = torch.zeros(max(needed, COUNTERS_RESERVED), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           k_buffer: torch.Tensor, v_buffer: torch.Tensor, qo_indptr: torch.Tensor,
                           kv_indptr: torch.Tensor, kv_indices: torch.Tensor, custom_mask: torch.Tensor,
@@ -243,11 +238,10 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         part_acc = torch.empty(batch * hkv * row_blocks * splits * block_r * block_dv, device=q.device,
                                dtype=torch.float32)
         part_ml = torch.empty(batch * hkv * row_blocks * splits * 2 * block_r, device=q.device, dtype=torch.float32)
-        tickets = counters(q.device, batch * hkv * row_blocks)
     else:
-        part_acc = part_ml = tickets = o  # unused
+        part_acc = part_ml = o  # unused
     _tree_attn_kernel[(batch, hkv * row_blocks, splits)](
-        q, k, v, k_buffer, v_buffer, o, part_acc, part_ml, tickets,
+        q, k, v, k_buffer, v_buffer, o, part_acc, part_ml,
         qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
@@ -257,6 +251,12 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_T=_next_pow2(max(16, max_q)), S=splits,
         MIN_CHUNK=max(int(min_chunk), 1), num_warps=warps, num_stages=1,
     )
+    if splits > 1:
+        _tree_attn_merge_kernel[(batch, hkv * row_blocks)](
+            o, part_acc, part_ml, qo_indptr, kv_indptr, o.stride(0), o.stride(1), hkv,
+            G=group, DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, S=splits, MIN_CHUNK=max(int(min_chunk), 1),
+            num_warps=4,
+        )
     return o
 
 

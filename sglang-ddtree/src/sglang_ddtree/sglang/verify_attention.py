@@ -20,8 +20,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_VERIFY_ATTENTION"
@@ -115,11 +113,6 @@ def route_verify_attention(backend: Any) -> bool:
         return False
     if hasattr(original, "ddtree_original"):
         return True
-    from ._triton_attention import counters
-
-    device = getattr(backend, "device", None)
-    if device is not None and torch.device(device).type == "cuda":
-        counters(device)  # made now, before any CUDA graph is captured
     backend.extend_attention_fwd = _router(original)
     logger.info("DDTREE verify attention: tree-masked verify calls use the plugin's grouped split-prefix kernel")
     return True
