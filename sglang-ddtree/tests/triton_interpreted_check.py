@@ -147,10 +147,11 @@ def attention_cases(gen, device="cpu"):
     tol = 1e-4 if device == "cpu" else 2e-2
     ok, detail = True, []
     # (prefixes, M, Hq, Hkv, D, splits, min_chunk): one program per request; the prefix split three ways with every
-    # split busy (min_chunk 8) or with the short prefixes left to the first split; G = 1, 4, 6
+    # split busy (min_chunk 8) or with the short prefixes left to the first split; G = 1, 4, 6; D up to 128
     for prefixes, m, hq, hkv, d, splits, chunk in [([5, 0, 70], 17, 8, 2, 32, 1, 256), ([5, 0, 70], 17, 8, 2, 32, 3, 8),
                                                    ([5, 0, 70], 17, 8, 2, 32, 3, 64), ([130], 5, 4, 4, 16, 2, 16),
-                                                   ([3, 40], 9, 12, 2, 64, 1, 256)]:
+                                                   ([3, 40], 9, 12, 2, 64, 1, 256),
+                                                   ([40, 300], 9, 8, 2, 128, 3, 64)]:  # merged in two column halves
         x = attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device)
         ref = _triton_attention.tree_verify_attention_torch(sm_scale=d ** -0.5, **{n: t.cpu() for n, t in x.items()})
         for _ in range(2):  # a second call over the same buffers gives the same result

@@ -179,6 +179,38 @@ def test_target_verify_graphs_of_ddtree_are_captured_with_the_tree_mask(plugins_
     assert not isinstance(drafter, DDTreeVerifyInput) and drafter.custom_mask is None
 
 
+def test_triton_backend_of_a_ddtree_target_routes_its_tree_verify_attention(plugins_loaded, monkeypatch):
+    """The hook on TritonAttnBackend.__init__ routes the extend attention of DDTREE's target runner only: not
+    DFLASH's, not the drafter's, not when SGLANG_DDTREE_VERIFY_ATTENTION=sglang."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree.sglang.hooks import triton_backend_init_hook
+    from sglang_ddtree.sglang.verify_attention import ENV
+
+    assert hasattr(TritonAttnBackend.__init__, "__wrapped__")  # HookRegistry wrapped it
+
+    def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                             kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale):
+        return "sglang"
+
+    def original(backend, model_runner, skip_prefill=False):  # what SGLang's __init__ does that matters here
+        backend.extend_attention_fwd = extend_attention_fwd
+
+    def routed(algo, is_draft_worker=False):
+        backend = SimpleNamespace()
+        runner = SimpleNamespace(spec_algorithm=algo, is_draft_worker=is_draft_worker)
+        triton_backend_init_hook(original, backend, runner)
+        return hasattr(backend.extend_attention_fwd, "ddtree_original")
+
+    ddtree = SpeculativeAlgorithm.from_string("DDTREE")
+    assert routed(ddtree)
+    assert not routed(SpeculativeAlgorithm.DFLASH)
+    assert not routed(ddtree, is_draft_worker=True)
+    monkeypatch.setenv(ENV, "sglang")
+    assert not routed(ddtree)
+
+
 def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, caplog):
     from sglang.srt.speculative import spec_registry
 
@@ -244,5 +276,6 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
     monkeypatch.setattr(hooks, "SPEC_NEED_HIDDEN_STATES", bogus)
     with caplog.at_level("WARNING", logger=hooks.__name__):
         registered = hooks.register_hooks()
-    assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO]
-    assert [r.getMessage() for r in caplog.records if bogus in r.getMessage()]
+    assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO,
+                                      hooks.TRITON_BACKEND_INIT]
+    assert [r.getMessage() for r in caplog.records if bogus in r.getMessage() and "needs it to serve" in r.getMessage()]

@@ -145,10 +145,11 @@ def _tree_attn_merge_kernel(
     stride_ot, stride_oh,
     Hkv,
     G: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, S: tl.constexpr,
-    MIN_CHUNK: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, DV_PART: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
+    part = tl.program_id(2)  # which DV_PART columns of the value dim this program merges
     h = pid1 % Hkv
     rb = pid1 // Hkv
     q_start = tl.load(qo_indptr + b)
@@ -161,7 +162,7 @@ def _tree_attn_merge_kernel(
     qi = r // G
     head = h * G + r % G
     row_ok = qi < q_len
-    dv = tl.arange(0, BLOCK_DV)
+    dv = part * DV_PART + tl.arange(0, DV_PART)
     dv_ok = dv < DV
     base0 = ((b * tl.num_programs(1) + pid1) * S).to(tl.int64)
     m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
@@ -170,7 +171,7 @@ def _tree_attn_merge_kernel(
             m_all = tl.maximum(m_all, tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+    acc = tl.zeros([BLOCK_R, DV_PART], tl.float32)
     for s in range(S):
         if s < used:
             w = tl.exp2(tl.load(Part_ml + (base0 + s) * 2 * BLOCK_R + rr) - m_safe)
@@ -252,10 +253,11 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         MIN_CHUNK=max(int(min_chunk), 1), num_warps=warps, num_stages=1,
     )
     if splits > 1:
-        _tree_attn_merge_kernel[(batch, hkv * row_blocks)](
+        dv_part = min(block_dv, 64)  # more, smaller merge programs: each reads S x BLOCK_R x 64 partial values
+        _tree_attn_merge_kernel[(batch, hkv * row_blocks, block_dv // dv_part)](
             o, part_acc, part_ml, qo_indptr, kv_indptr, o.stride(0), o.stride(1), hkv,
             G=group, DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, S=splits, MIN_CHUNK=max(int(min_chunk), 1),
-            num_warps=4,
+            DV_PART=dv_part, num_warps=4,
         )
     return o
 

@@ -158,7 +158,8 @@ def register_hooks() -> list[str]:
             continue
         problem = _target_importable(target)
         if problem is not None:
-            need = "DDTREE needs it to serve" if target in REQUIRED else "DDTREE's verify attention stays SGLang's"
+            need = ("DDTREE's verify attention stays SGLang's" if target == TRITON_BACKEND_INIT
+                    else "DDTREE needs it to serve")
             logger.warning("sglang-ddtree: hook on %s not installed (%s); %s", target, problem, need)
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
