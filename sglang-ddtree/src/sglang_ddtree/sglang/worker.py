@@ -42,7 +42,7 @@ from ..verify import greedy_walk, sampling_walk
 from . import testing
 from .commit import commit_plan, tree_mamba_commit_indices
 from .server_args import DDTreeConfigError, current_block_size
-from .tp_topk import sharded_candidates
+from .tp_topk import resolve_tp_group, sharded_candidates
 from .verify_input import build_verify_arrays, mask_numel
 
 logger = logging.getLogger(__name__)
@@ -156,12 +156,7 @@ class DDTreeWorker(DFlashWorkerV2):
         from .verify_spec_input import DDTreeVerifyInput
 
         self._ddtree_glue = resolve_backend(None, torch.device(self.device))
-        try:
-            from sglang.srt.distributed import get_tp_group
-
-            self._ddtree_tp_group = get_tp_group()
-        except Exception:
-            self._ddtree_tp_group = None
+        self._ddtree_tp_group = resolve_tp_group(int(getattr(self.server_args, "tp_size", 1) or 1))
         self._ddtree_vocab_size = int(self.model_runner.model_config.vocab_size)
         # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
         takes = accepts_keyword(DDTreeVerifyInput.prepare_for_verify, "defer_metadata_init")
