@@ -61,6 +61,7 @@ __all__ = [
     "current_block_size",
     "handle_ddtree_server_args",
     "is_ddtree",
+    "lm_head_refusal",
     "page_size_message",
     "read_drafter_info",
 ]
@@ -240,6 +241,17 @@ def page_size_message(page_size: int, draft_backend: Any = None) -> str:
             "(and --page-size 1)"
         )
     return f"--page-size={page_size}: {reason}; pass --page-size 1 (the default)"
+
+
+def lm_head_refusal(problem: str) -> str:
+    """The start-up error for a target lm_head that ``worker.lm_head_problem`` finds unusable (``problem``)."""
+    return (
+        f"DDTREE: the target's lm_head {problem}; the tree scores the drafter's hidden states as log-probabilities "
+        "through the target's lm_head weight read as a dense floating-point [vocab, hidden] matrix, so a quantized "
+        "lm_head cannot be used. Serve a checkpoint whose lm_head is not quantized (lm_head in the quantization "
+        "config's exclude_modules / ignored layers, or \"lm_head\": false for GPTQ/AWQ), or serve without "
+        "speculative decoding (SGLang's DFLASH reads the same weight as a dense matrix too)"
+    )
 
 
 def handle_ddtree_server_args(cfg: Any) -> None:

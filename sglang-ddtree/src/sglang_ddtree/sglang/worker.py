@@ -41,7 +41,7 @@ from ..tree import build_tree, build_tree_from_topk, resolve_backend
 from ..verify import greedy_walk, sampling_walk
 from . import testing
 from .commit import commit_plan, tree_mamba_commit_indices
-from .server_args import DDTreeConfigError, current_block_size
+from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
 from .tp_topk import resolve_tp_group, sharded_candidates
 from .verify_input import build_verify_arrays, mask_numel
 
@@ -141,11 +141,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_require_graph_mask_hook()
         problem = lm_head_problem(self._ddtree_lm_head())
         if problem:
-            raise DDTreeConfigError(
-                f"DDTREE: the target's lm_head {problem}; the tree scores the drafter's hidden states through the "
-                "target's lm_head weight as a dense matrix. Serve an unquantized lm_head (leave lm_head out of "
-                "--quantization / the checkpoint's quantization_config), or use --speculative-algorithm DFLASH"
-            )
+            raise DDTreeConfigError(lm_head_refusal(problem))
         self._ddtree_resolve_runtime()
         logger.info("DDTREE worker: budget=%d, block_size=%d, glue=%s", self.ddtree_budget, block_size,
                     self._ddtree_glue)
