@@ -13,6 +13,7 @@ FIELDS = (
     "attention_backend",
     "max_running_requests",
     "enable_mixed_chunk",
+    "page_size",
 )
 
 

@@ -91,11 +91,24 @@ def test_plain_dflash_is_unchanged_with_the_plugin_loaded(model_dirs):
         (["--speculative-draft-window-size", "64"], "drafter", r"--speculative-draft-window-size=64"),
         (["--speculative-dflash-block-size", "16"], "drafter", r"--speculative-dflash-block-size=16 differs .* 8"),
         ([], "target", r"is not a DFlash drafter: its config has architectures \['Qwen3ForCausalLM'\]"),
+        # issue 27: pages > 1 token are refused until a GPU run proves the tree verify and commit with pages
+        (["--page-size", "16"], "drafter", r"^--page-size=16: DDTREE supports only --page-size 1.*pass --page-size 1"),
+        (["--page-size", "64"], "drafter", r"^--page-size=64: DDTREE supports only --page-size 1"),
+        # SGLang itself snaps the page to 64 for a trtllm_mha drafter: the fix is another drafter backend
+        (["--speculative-draft-attention-backend", "trtllm_mha"], "drafter",
+         r"^--page-size=64, set by SGLang for --speculative-draft-attention-backend trtllm_mha .*"
+         r"use --speculative-draft-attention-backend triton"),
     ],
 )
 def test_bad_configurations_fail_at_startup_with_a_clear_message(model_dirs, extra, drafter, message):
     with pytest.raises(ValueError, match=message):
         resolve(base_argv(model_dirs, "DDTREE", drafter=drafter) + extra)
+
+
+@pytest.mark.parametrize("extra", [[], ["--page-size", "1"]], ids=["default", "explicit"])
+def test_page_size_one_is_accepted(model_dirs, extra):
+    got = resolve(base_argv(model_dirs, "DDTREE") + extra)
+    assert got["page_size"] == 1 and got["speculative_algorithm"] == "DDTREE"
 
 
 def test_device_cpu_is_rejected(model_dirs):

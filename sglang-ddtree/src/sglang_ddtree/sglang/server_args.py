@@ -61,6 +61,8 @@ __all__ = [
     "current_block_size",
     "handle_ddtree_server_args",
     "is_ddtree",
+    "lm_head_refusal",
+    "page_size_message",
     "read_drafter_info",
 ]
 
@@ -204,6 +206,54 @@ def _backend_pair(cfg: Any) -> tuple[Any, Any]:
     return prefill, decode
 
 
+def _resolved(cfg: Any, name: str) -> Any:
+    """A field as SGLang's resolution sees it at this point: through ``resolved_view`` (0.5.17's ServerArgs keeps
+    ``page_size=None`` on the object while a pass has already declared 1, or 64 for a trtllm_mha drafter), else
+    the attribute."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        return getattr(resolved_view(cfg), name)
+    except Exception:
+        return getattr(cfg, name, None)
+
+
+def page_size_message(page_size: int, draft_backend: Any = None) -> str:
+    """Why DDTREE refuses ``--page-size`` > 1, and the fix.
+
+    Not proven correct, so refused. DDTREE verifies into one KV slot per tree node and commits by moving single
+    slots without touching ``req_to_token`` (``verify_input.chain_first_slots``, ``commit.commit_plan``): page-
+    agnostic on paper, and tested only against a simulated page allocator (tests/sglang/test_verify_commit.py).
+    What no test covers: with pages SGLang 0.5.17 reserves DFLASH's ``committed + 2 * num_draft_tokens`` without
+    page rounding (``dflash_info_v2.prepare_for_decode``, unlike ``eagle_utils.eagle_prepare_for_decode``, which
+    rounds up to a page), and because DDTREE announces ``speculative_eagle_topk`` > 1 it sizes the per-decode
+    footprint with EAGLE's per-branch page formula (``mem_cache/allocation_sizing.get_alloc_len_per_decode``);
+    the Triton verify's paged K/V addressing (``extend_attention``'s PAGE_SIZE branch) has never run a tree.
+    SGLang snaps the page size to 64 for a trtllm_mha backend (``overrides._mla_backend_page_constraints``)."""
+    reason = (
+        "DDTREE supports only --page-size 1: its tree verify writes one KV slot per tree node and its commit moves "
+        "single slots, and a tree round with KV pages larger than one token has not been verified lossless on a GPU"
+    )
+    if draft_backend == "trtllm_mha":
+        return (
+            f"--page-size={page_size}, set by SGLang for --speculative-draft-attention-backend trtllm_mha (which "
+            f"runs only with pages of 16-128 tokens): {reason}; use --speculative-draft-attention-backend triton "
+            "(and --page-size 1)"
+        )
+    return f"--page-size={page_size}: {reason}; pass --page-size 1 (the default)"
+
+
+def lm_head_refusal(problem: str) -> str:
+    """The start-up error for a target lm_head that ``worker.lm_head_problem`` finds unusable (``problem``)."""
+    return (
+        f"DDTREE: the target's lm_head {problem}; the tree scores the drafter's hidden states as log-probabilities "
+        "through the target's lm_head weight read as a dense floating-point [vocab, hidden] matrix, so a quantized "
+        "lm_head cannot be used. Serve a checkpoint whose lm_head is not quantized (lm_head in the quantization "
+        "config's exclude_modules / ignored layers, or \"lm_head\": false for GPTQ/AWQ), or serve without "
+        "speculative decoding (SGLang's DFLASH reads the same weight as a dense matrix too)"
+    )
+
+
 def handle_ddtree_server_args(cfg: Any) -> None:
     """Validate and complete the server args for DDTREE in place (see the module docstring). Raises
     ``DDTreeConfigError`` (a ``ValueError``) naming the option, the bad value and the fix."""
@@ -317,6 +367,10 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"--speculative-draft-attention-backend={draft_backend!r} is not supported by the DFlash drafter; use "
             f"one of {list(SUPPORTED_DRAFT_ATTENTION_BACKENDS)}"
         )
+
+    page_size = _resolved(cfg, "page_size")
+    if page_size is not None and int(page_size) != 1:
+        raise DDTreeConfigError(page_size_message(int(page_size), draft_backend))
 
     cfg.speculative_num_draft_tokens = budget + 1
     cfg.speculative_dflash_block_size = drafter.block_size

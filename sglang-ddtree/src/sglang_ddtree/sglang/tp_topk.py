@@ -6,15 +6,22 @@ candidates are the union of the shards' top-K with ``logit - global_lse``. ``bui
 the true top-K of the union (the global top-K is always inside it).
 
 ``all_gather`` is injected (``torch.distributed`` / SGLang's TP group on GPU, a list concatenation in tests).
+
+``resolve_tp_group`` finds SGLang's TP ``GroupCoordinator`` once, at start-up: ``get_parallel().tp_group``
+(``sglang.srt.runtime_context``, present in every supported release), the accessor SGLang 0.5.21+ name when they
+deprecate the module-level getter (``parallel_state._warn_if_called_from_outside``: "get_tp_group() is deprecated;
+read get_parallel().tp_group instead, which answers the same thing and can be redirected by a scope"); the
+module-level ``get_tp_group()`` only where ``get_parallel`` is missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-__all__ = ["sharded_candidates"]
+__all__ = ["resolve_tp_group", "sharded_candidates", "tp_group_reader"]
 
 
 def sharded_candidates(
@@ -52,3 +59,29 @@ def sharded_candidates(
     logprobs = values - global_lse
     tokens = ids + int(vocab_start)
     return all_gather(logprobs.contiguous()), all_gather(tokens.contiguous())
+
+
+def tp_group_reader() -> Callable[[], Any]:
+    """The function that returns SGLang's TP group coordinator on this release (see the module docstring)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # no ParallelContext: the module-level getter is the only one
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        return get_tp_group
+    return lambda: get_parallel().tp_group
+
+
+def resolve_tp_group(tp_size: int) -> Any:
+    """SGLang's TP group coordinator (its ``world_size`` and ``all_gather(tensor, dim=-1)`` are what the tree build
+    uses), read once. None only when no group exists and ``tp_size`` is 1 (the CPU tests' workers); with
+    ``tp_size`` > 1 a missing group is an error, never a silent single-rank tree over one vocabulary shard."""
+    try:
+        return tp_group_reader()()
+    except (AssertionError, RuntimeError) as exc:  # 0.5.17: AssertionError; 0.5.21+: RuntimeError (not written)
+        if int(tp_size) > 1:
+            raise RuntimeError(
+                f"DDTREE: --tp-size={tp_size} but SGLang's tensor-parallel group is not available ({exc}); the tree "
+                "build needs it to gather the vocabulary shards' top-k"
+            ) from exc
+        return None

@@ -41,8 +41,8 @@ from ..tree import build_tree, build_tree_from_topk, resolve_backend
 from ..verify import greedy_walk, sampling_walk
 from . import testing
 from .commit import commit_plan, tree_mamba_commit_indices
-from .server_args import DDTreeConfigError, current_block_size
-from .tp_topk import sharded_candidates
+from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
+from .tp_topk import resolve_tp_group, sharded_candidates
 from .verify_input import build_verify_arrays, mask_numel
 
 logger = logging.getLogger(__name__)
@@ -141,11 +141,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_require_graph_mask_hook()
         problem = lm_head_problem(self._ddtree_lm_head())
         if problem:
-            raise DDTreeConfigError(
-                f"DDTREE: the target's lm_head {problem}; the tree scores the drafter's hidden states through the "
-                "target's lm_head weight as a dense matrix. Serve an unquantized lm_head (leave lm_head out of "
-                "--quantization / the checkpoint's quantization_config), or use --speculative-algorithm DFLASH"
-            )
+            raise DDTreeConfigError(lm_head_refusal(problem))
         self._ddtree_resolve_runtime()
         logger.info("DDTREE worker: budget=%d, block_size=%d, glue=%s", self.ddtree_budget, block_size,
                     self._ddtree_glue)
@@ -156,12 +152,7 @@ class DDTreeWorker(DFlashWorkerV2):
         from .verify_spec_input import DDTreeVerifyInput
 
         self._ddtree_glue = resolve_backend(None, torch.device(self.device))
-        try:
-            from sglang.srt.distributed import get_tp_group
-
-            self._ddtree_tp_group = get_tp_group()
-        except Exception:
-            self._ddtree_tp_group = None
+        self._ddtree_tp_group = resolve_tp_group(int(getattr(self.server_args, "tp_size", 1) or 1))
         self._ddtree_vocab_size = int(self.model_runner.model_config.vocab_size)
         # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
         takes = accepts_keyword(DDTreeVerifyInput.prepare_for_verify, "defer_metadata_init")
