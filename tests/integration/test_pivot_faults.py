@@ -300,7 +300,7 @@ def test_an_undecided_hook_check_proceeds_and_the_servers_log_says_so(lab, tmp_p
     md = (run.report_dir / "pivot-report.md").read_text()
     assert f"> **Not decided on this host:** {ddtree['undecided']}" in md
     assert "The check failed" not in md
-    log = report["inference"][0]["service"]["health"]["ddtree_log"]
+    log = report["inference"][0]["service"]["ddtree_log"]
     assert log["registered"] is True, log
     journal = lk.sh(lk.INFERENCE, f"journalctl -u {lk.UNIT} -o cat --no-pager -n 300")
     for target in undecided:
