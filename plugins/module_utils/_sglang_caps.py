@@ -218,7 +218,13 @@ def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | 
 
     is_registered = DDTREE_ALGORITHM in plugin_algos and bool(ddt.get("resolves"))
     ep = next((e for e in plugin_eps if str(e.get("value", "")).startswith("sglang_ddtree")), None)
-    if is_registered:
+    wheel = ddt.get("wheel") or None
+    if is_registered and wheel:
+        reasons.append(
+            f"DDTREE registers with the plugin wheel {wheel.get('path')} on the path (sglang {version}, sglang-ddtree "
+            f"{wheel.get('version')}; installed: {ddt.get('version') or 'none'})"
+        )
+    elif is_registered:
         reasons.append(f"DDTREE is registered (sglang {version}, sglang-ddtree {ddt.get('version')})")
     elif supported:
         if ep is None:
@@ -235,6 +241,7 @@ def summarize_capabilities(probe: dict[str, Any], help_result: dict[str, Any] | 
         "plugin_installed": bool(ddt.get("installed")),
         "plugin_version": ddt.get("version"),
         "plugin_status": ddt.get("last_status"),
+        "wheel": wheel,
         "entry_point": ep,
         "supported_range": spec,
         "range_text": declared.get("range_text"),

@@ -20,6 +20,20 @@
   (``MIN_SGLANG``/``MAX_SGLANG`` inclusive, ``unsupported_reason(version)``, ``supported_range_text()``)
   and the plugin's ``last_status`` after ``load_plugins()``.
 
+With ``--request-stdin`` (after ``-c PROBE_SOURCE``) it reads a JSON request on stdin (never the command line:
+it may hold the server's keys) and, in the same process, so that SGLang is imported once for all of them:
+
+- ``wheel``: puts that plugin wheel first on ``sys.path`` after the facts of what is installed are read
+  (``ddtree.installed``/``version``) and before SGLang is imported: ``load_plugins()`` and the rest see the plugin
+  the pivot will install, as ``PYTHONPATH=WHEEL python -m sglang_ddtree ...`` would (nothing is installed);
+- ``drafter``: the plugin's ``check-drafter PATH --consumer sglang`` (``sglang_ddtree.drafter_config``);
+- ``check_sglang``: the plugin's ``check-sglang --expect any`` (``sglang_ddtree.sglang.check_sglang``);
+- ``server_args``: ``{"source": ..., "words": [...]}``: ``check_server_args(words)`` of module_utils
+  ``_server_args`` (its source, run here) on the new command line.
+
+Each check's outcome is ``plugin_checks.NAME``: ``{"rc", "stdout", "stderr"}`` as the CLI command would print
+them (its JSON report on stdout, exit status 0 or 1), or for ``server_args`` the verdict itself.
+
 Every step is guarded: on an old or broken SGLang the step's fact is null/false and a line is added to
 ``errors``; the script always prints exactly one line ``SPECDEC_SGLANG_PROBE_JSON:{...}`` on the original
 stdout (everything the imported code prints is moved to stderr) and exits 0. It needs Python 3.8+
@@ -41,6 +55,7 @@ _out = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # whatever imported code prints goes to stderr; stdout carries only the JSON line
 
 result = {"probe_version": 1, "errors": []}
+REQUEST = {}
 
 
 def _err(where, exc):
@@ -105,6 +120,24 @@ def _main():
     result["site_packages"] = seen
     result["torch_version"] = dist_version("torch")
 
+    # What is installed, before a requested wheel is put on sys.path.
+    ddt = {
+        "installed": find("sglang_ddtree") is not None,
+        "version": dist_version("sglang-ddtree"),
+        "declared": {},
+        "last_status": None,
+        "resolves": False,
+        "wheel": None,
+    }
+    wheel = REQUEST.get("wheel")
+    if wheel:
+        if os.path.isfile(wheel):
+            sys.path.insert(0, wheel)
+            importlib.invalidate_caches()
+            ddt["wheel"] = {"path": wheel, "version": dist_version("sglang-ddtree")}
+        else:
+            _err("wheel", FileNotFoundError(f"{wheel} is not a file"))
+
     spec = find("sglang")
     sg = {"installed": spec is not None, "version": dist_version("sglang"), "location": None, "error": None}
     result["sglang"] = sg
@@ -148,13 +181,6 @@ def _main():
     result["plugin_algorithms"] = []
     result["dflash_worker"] = "none"
     result["dflash_worker_module"] = None
-    ddt = {
-        "installed": find("sglang_ddtree") is not None,
-        "version": dist_version("sglang-ddtree"),
-        "declared": {},
-        "last_status": None,
-        "resolves": False,
-    }
     result["ddtree"] = ddt
     if not sg["installed"]:
         return
@@ -256,7 +282,7 @@ def _main():
         result["dflash_worker"] = "v1"
         result["dflash_worker_module"] = "sglang.srt.speculative.dflash_worker"
 
-    if ddt["installed"]:
+    if ddt["installed"] or ddt["wheel"]:
         try:
             glue = sys.modules.get("sglang_ddtree.sglang")
             if glue is not None:
@@ -287,10 +313,62 @@ def _main():
             _err("sglang_ddtree.sglang.versions", exc)
 
 
+def _tail(text, lines=6):
+    return "\n".join(str(text).strip().splitlines()[-lines:])
+
+
+def _plugin_checks():
+    import traceback
+
+    checks = {}
+    result["plugin_checks"] = checks
+    if REQUEST.get("drafter"):
+        try:
+            import pathlib
+
+            from sglang_ddtree.drafter_config import check_drafter_dir
+
+            report = check_drafter_dir(pathlib.Path(REQUEST["drafter"]), "sglang")
+            checks["drafter"] = {"rc": 0 if report.get("ok") else 1, "stderr": "",
+                                 "stdout": json.dumps(report, sort_keys=True, default=str)}
+        except BaseException:
+            checks["drafter"] = {"rc": 1, "stdout": "", "stderr": _tail(traceback.format_exc())}
+    if REQUEST.get("check_sglang"):
+        try:
+            from sglang_ddtree.sglang import check_sglang
+
+            status, report = check_sglang("any")
+            problem = report.get("problem")
+            checks["sglang"] = {"rc": status, "stdout": json.dumps(report, sort_keys=True, default=str),
+                                "stderr": f"sglang-ddtree: {problem}" if problem else ""}
+        except BaseException:
+            checks["sglang"] = {"rc": 1, "stdout": "", "stderr": _tail(traceback.format_exc())}
+    args = REQUEST.get("server_args")
+    if isinstance(args, dict):
+        try:
+            namespace = {"__name__": "specdec_server_args"}
+            exec(compile(args["source"], "_server_args.py", "exec"), namespace)
+            checks["server_args"] = namespace["check_server_args"]([str(w) for w in args["words"]])
+        except BaseException as exc:
+            checks["server_args"] = {"checked": False, "ok": None, "error": "", "algorithm": None,
+                                     "algorithm_resolved": None,
+                                     "reason": f"the check did not run: {type(exc).__name__}: {exc}"}
+
+
+if "--request-stdin" in sys.argv[1:]:
+    try:
+        REQUEST = json.loads(sys.stdin.read() or "{}")
+    except BaseException as exc:
+        _err("request", exc)
 try:
     _main()
 except BaseException as exc:  # never crash: report what broke
     _err("probe", exc)
+if REQUEST:
+    try:
+        _plugin_checks()
+    except BaseException as exc:
+        _err("plugin_checks", exc)
 _out.write(MARKER + json.dumps(result, default=str) + "\n")
 _out.flush()
 """

@@ -106,6 +106,36 @@ options:
     type: list
     elements: str
     default: []
+  plugin_checks:
+    description:
+      - The DDTree plugin's own checks, run in the SAME process as the probe (SGLang is imported once for all of
+        them), with the unit's environment and user. The result is RV(plugin_checks).
+    type: dict
+    suboptions:
+      wheel:
+        description:
+          - A plugin wheel on the host, put first on the probe's C(sys.path) after what is installed has been read
+            (RV(ddtree.plugin_installed), RV(ddtree.plugin_version)) and before SGLang is imported, so that
+            C(load_plugins) and the checks see the plugin the pivot would install (nothing is installed). The unit's
+            user must be able to read it.
+        type: path
+      drafter:
+        description:
+          - Run the plugin's drafter check (C(python -m sglang_ddtree check-drafter PATH --consumer sglang)) on this
+            drafter directory.
+        type: path
+      check_sglang:
+        description:
+          - Run the plugin's SGLang check (C(python -m sglang_ddtree check-sglang --expect any)) after C(load_plugins).
+        type: bool
+        default: false
+      server_args:
+        description:
+          - With O(speculative_flags), check the new command line's server words (RV(exec_start_new.server_args))
+            with SGLang's own parser (what module specdec.pivot.sglang_server_args does), the real words given to
+            the probe on its stdin. A command line with C($) or C(%) (systemd expands them at start) is not checked.
+        type: bool
+        default: false
 extends_documentation_fragment:
   - specdec.pivot.attributes
   - specdec.pivot.attributes.read_only
@@ -337,6 +367,12 @@ ddtree:
       description:
         - The plugin's own C(last_status) after C(load_plugins) (C(registered), C(skipped) with a reason, ...), or null.
       type: str
+    wheel:
+      description:
+        - With O(plugin_checks.wheel), that wheel's C(path) and C(version), else null. C(registered), C(plugin_status)
+          and C(entry_point) then describe the wheel as SGLang loads it (nothing is installed); C(plugin_installed)
+          and C(plugin_version) what is installed.
+      type: dict
     entry_point:
       description: The sglang-ddtree entry of RV(plugins_loaded), or null.
       type: dict
@@ -357,6 +393,32 @@ ddtree:
     reason:
       description: Why it is not supported or not registered, or that it is registered.
       type: str
+plugin_checks:
+  description: The outcome of each check O(plugin_checks) asked for.
+  returned: when O(plugin_checks) is given
+  type: dict
+  contains:
+    drafter:
+      description:
+        - The drafter check as the CLI command would end, C(rc) (0 or 1), C(stdout) (its JSON report) and
+          C(stderr) (what went wrong when it printed no report); read it with the filter
+          specdec.pivot.sglang_ddtree_cli(check-drafter).
+      type: dict
+      returned: when O(plugin_checks.drafter) is set
+    sglang:
+      description: The same for the SGLang check (filter specdec.pivot.sglang_ddtree_cli(check-sglang)).
+      type: dict
+      returned: when O(plugin_checks.check_sglang) is true
+    server_args:
+      description:
+        - SGLang's parser's verdict on the new server words, the keys of module specdec.pivot.sglang_server_args
+          (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved)); secrets masked.
+      type: dict
+      returned: when O(plugin_checks.server_args) is true
+    wheel:
+      description: The wheel put on the probe's path and its version, or null.
+      type: dict
+      returned: when O(plugin_checks) is given
 probe_errors:
   description: Steps of the probe that failed (old or broken SGLang), one line each.
   returned: always
@@ -464,8 +526,10 @@ exec_start_new:
 """
 
 import grp
+import json
 import os
 import pwd
+import re
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
@@ -474,6 +538,7 @@ from ansible_collections.specdec.pivot.plugins.module_utils import (
     _exec_start,
     _exec_wrappers,
     _secrets,
+    _server_args,
     _sglang_caps,
     _sglang_flags,
     _systemd_cmdline,
@@ -491,7 +556,19 @@ ARGUMENT_SPEC = dict(
     run_as_unit_user=dict(type="bool", default=True),
     speculative_flags=dict(type="dict"),
     extra_args=dict(type="list", elements="str", default=[]),
+    plugin_checks=dict(
+        type="dict",
+        options=dict(
+            wheel=dict(type="path"),
+            drafter=dict(type="path"),
+            check_sglang=dict(type="bool", default=False),
+            server_args=dict(type="bool", default=False),
+        ),
+    ),
 )
+
+#: Why a new command line is not checked with SGLang's parser (systemd expands $VAR and %-specifiers at start).
+UNCHECKED_EXPANSION = "not checked (the command line uses $VAR or %, which systemd expands at start)"
 
 
 class ProbeError(Exception):
@@ -716,7 +793,10 @@ def main() -> None:
             # (no_log_values); environment values are not, since Ansible masks a value inside any text (a
             # MODEL=Qwen3 would blank the model path and the interpreter path the role goes on with).
             secrets = _secrets.unit_secrets(
-                [*parsed["argv"], *p["extra_args"]], info["environment"], env, parsed["env_assignments"],
+                [*parsed["argv"], *p["extra_args"]],
+                info["environment"],
+                env,
+                parsed["env_assignments"],
                 p["environment"],
             )
             module.no_log_values.update(v for k, v in secrets.items() if _secrets.is_key(k) and len(v) >= 4)
@@ -760,8 +840,14 @@ def main() -> None:
             module.warn("`timeout` (coreutils) is not on PATH: the probe and help runs have no time limit")
         who = f"unit={p['unit']}" if p["unit"] else f"python={python}"
 
+        request, unchecked = plugin_request(p, result, secrets)
+        command = [*prefix, python, "-c", PROBE_SOURCE] + (["--request-stdin"] if request else [])
         rc, out, err = module.run_command(
-            [*prefix, python, "-c", PROBE_SOURCE], environ_update=env, cwd=cwd, expand_user_and_vars=False
+            command,
+            environ_update=env,
+            cwd=cwd,
+            expand_user_and_vars=False,
+            data=json.dumps(request) if request else None,
         )
         probe = parse_probe_output(out)
         if probe is None:
@@ -794,11 +880,69 @@ def main() -> None:
         caps = _sglang_caps.summarize_capabilities(probe, help_result)
         caps["python"] = dict(caps["python"], requested=python, source=source, run_as=run_user)
         result.update(caps)
+        if p["plugin_checks"] is not None:
+            checks = dict(probe.get("plugin_checks") or {})
+            if unchecked:
+                checks["server_args"] = unchecked
+            checks["wheel"] = (probe.get("ddtree") or {}).get("wheel")
+            for name in ("drafter", "sglang", "server_args"):
+                wanted = {
+                    "drafter": request.get("drafter"),
+                    "sglang": request.get("check_sglang"),
+                    "server_args": request.get("server_args") is not None,
+                }[name]
+                if wanted and name not in checks:  # the probe died before it ran the check
+                    errors = "; ".join(probe.get("errors") or []) or "no error recorded"
+                    checks[name] = (
+                        {
+                            "checked": False,
+                            "ok": None,
+                            "error": "",
+                            "algorithm": None,
+                            "algorithm_resolved": None,
+                            "reason": f"the check did not run: {errors}",
+                        }
+                        if name == "server_args"
+                        else {"rc": 1, "stdout": "", "stderr": f"the check did not run: {errors}"}
+                    )
+            result["plugin_checks"] = checks
         result["msg"] = summary_message(result)
     except ProbeError as exc:
         result["msg"] = str(exc)
         module.fail_json(**masked_result(module, result, secrets))
     module.exit_json(**masked_result(module, result, secrets))
+
+
+def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | None]:
+    """The probe's stdin request for O(plugin_checks) ({} when none), and the server-args verdict when the new command
+    line cannot be checked as written (else None). The server words are the real ones (the probe's stdin is no
+    command line); the result masks them again."""
+    checks = p["plugin_checks"]
+    if checks is None:
+        return {}, None
+    request: dict = {"wheel": checks["wheel"], "drafter": checks["drafter"], "check_sglang": checks["check_sglang"]}
+    unchecked = None
+    if checks["server_args"]:
+        new = result.get("exec_start_new")
+        if new is None:
+            raise ProbeError(
+                "plugin_checks.server_args needs speculative_flags (and unit): it checks the new ExecStart"
+            )
+        if any(re.search(r"[$%]", str(w)) for w in new["argv"]):
+            unchecked = {
+                "checked": False,
+                "ok": None,
+                "error": "",
+                "algorithm": None,
+                "algorithm_resolved": None,
+                "reason": UNCHECKED_EXPANSION,
+            }
+        else:
+            request["server_args"] = {
+                "source": _server_args.child_source(),
+                "words": [str(w) for w in _secrets.unmask(new["server_args"], secrets)],
+            }
+    return request, unchecked
 
 
 def masked_result(module: AnsibleModule, result: dict, secrets: dict) -> dict:

@@ -9,8 +9,9 @@ instead of waiting for the timeout. Timestamps are taken on the host with CLOCK_
 the first 200) has no controller/host clock skew in it.
 
 Prints one JSON object: healthy, status, reason, elapsed_s, polls, downtime_s, stop_s, start_to_healthy_s,
-state (systemd properties), journal (the unit's last lines when not healthy). Exit 0 either way; the caller
-decides. Read-only.
+state (systemd properties), journal (the unit's last lines when not healthy), ddtree_log (when healthy: what this
+start's own log lines say about the DDTREE plugin, :func:`ddtree_log`; the journal of the unit's current
+invocation). Exit 0 either way; the caller decides. Read-only.
 """
 
 from __future__ import annotations
@@ -33,7 +34,81 @@ PROPS = (
     "ActiveExitTimestampMonotonic",
     "InactiveEnterTimestampMonotonic",
     "ExecMainStartTimestampMonotonic",
+    "InvocationID",
 )
+
+
+# Which DDTREE hooks the new server applied, from its own log (this start's journal lines).
+HOOK_TARGETS = (
+    "sglang.srt.speculative.spec_utils.spec_need_hidden_states",
+    "sglang.srt.speculative.spec_info.create_dummy_verify_input",
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info",
+)
+APPLIED_RE = re.compile(r"Applied \d+ hook\(s\) to (\S+) \(from: ([^)]*)\)")
+NOT_INSTALLED_RE = re.compile(r"sglang-ddtree: hook on (\S+) not installed \((.*?)\); DDTREE needs it to serve", re.S)
+FAILED_APPLY_RE = re.compile(r"Failed to apply hooks to (\S+)")
+REGISTERED_RE = re.compile(r"sglang-ddtree: registered speculative algorithm DDTREE")
+NOT_REGISTERED_RE = re.compile(
+    r"sglang-ddtree: (DDTREE NOT REGISTERED|DDTREE not registered|sglang \S+ ships a native)"
+)
+WORKER_RE = re.compile(r"DDTREE worker: budget=\d+")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def ddtree_log(lines: list[str]) -> dict:
+    """What the server's own log lines (one start) say about the DDTREE plugin: whether register() registered DDTREE
+    (``registered``: True, False, or None when the log says neither), each hook target's fate (``hooks``: target ->
+    ``applied`` (SGLang's HookRegistry logged "Applied N hook(s) to TARGET"), ``not installed: REASON`` (the plugin's
+    own warning), ``failed: ...`` (HookRegistry could not apply it) or ``not in the log``), and the DDTREE worker's
+    start-up line (``worker``; only a real SGLang scheduler writes it, after checking the CUDA-graph hook is applied
+    unless --disable-cuda-graph). ``lines``: the matching log records, clipped. A record may span several lines (an
+    exception message with a newline), so the text is read as a whole."""
+    text = "\n".join(str(line) for line in lines)
+    hooks = {t: "not in the log" for t in HOOK_TARGETS}
+    found = []  # (position, record) in log order
+    for m in APPLIED_RE.finditer(text):
+        if m.group(1) in hooks:
+            hooks[m.group(1)] = "applied"
+            found.append((m.start(), m.group(0)))
+    for m in NOT_INSTALLED_RE.finditer(text):
+        if m.group(1) in hooks and hooks[m.group(1)] != "applied":
+            hooks[m.group(1)] = _clip(f"not installed: {m.group(2)}", 240)
+        found.append((m.start(), m.group(0)))
+    for m in FAILED_APPLY_RE.finditer(text):
+        if m.group(1) in hooks:
+            hooks[m.group(1)] = "failed: SGLang's HookRegistry could not apply it (see the server's log)"
+            found.append((m.start(), m.group(0)))
+    registered = None
+    for m in REGISTERED_RE.finditer(text):
+        registered = True
+        found.append((m.start(), m.group(0)))
+    for m in NOT_REGISTERED_RE.finditer(text):
+        registered = False if registered is None else registered
+        found.append((m.start(), text[m.start() : text.find("\n", m.start()) % (len(text) + 1)]))
+    workers = [text[m.start() : text.find("\n", m.start()) % (len(text) + 1)] for m in WORKER_RE.finditer(text)]
+    found.extend((text.find(w), w) for w in workers)
+    return {
+        "registered": registered,
+        "hooks": hooks,
+        "worker": _clip(workers[-1]) if workers else None,
+        "lines": [_clip(record) for _, record in sorted(found)][-12:],
+    }
+
+
+def this_start_journal(unit: str, invocation: str) -> list[str]:
+    """The unit's journal lines of its current invocation (this start), or its last 400 lines without an id."""
+    match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-n", "400"]
+    return subprocess.run(
+        ["journalctl", "-u", unit, *match, "--no-pager", "-o", "cat"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=15,
+    ).stdout.splitlines()
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -117,7 +192,10 @@ def main(argv: list[str]) -> int:
         "start_to_healthy_s": round(healthy_at - new_started, 3) if status == 200 and new_started else None,
         "state": state,
         "journal": [],
+        "ddtree_log": None,
     }
+    if status == 200:
+        result["ddtree_log"] = ddtree_log(this_start_journal(unit, state.get("InvocationID", "")))
     if status != 200:
         lines = subprocess.run(
             ["journalctl", "-u", unit, "-n", "25", "--no-pager", "-o", "cat"],

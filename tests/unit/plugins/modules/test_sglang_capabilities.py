@@ -494,3 +494,69 @@ def test_unit_python_overrides_the_resolution_and_keeps_the_unit(tmp_path):
     assert r["exec_start_parsed"]["module"] == "sglang.launch_server"
     missing = run_module(tmp_path / "m", {"unit": "sglang-nextn.service", "unit_python": "/no/such/python"})
     assert missing["failed"] and "unit_python=/no/such/python is not an executable file" in missing["msg"]
+
+
+# ------------------------------------------------------------------------------ plugin_checks: one import of SGLang
+DRAFTER = REPO / "tests" / "unit" / "fixtures" / "models" / "qwen3-8b-dflash-b16"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The plugin wheel the pivot builds (roles/ddtree_plugin/files/build_wheel.py), in a temporary directory."""
+    out = subprocess.run(
+        [str(PY_023), str(REPO / "roles/ddtree_plugin/files/build_wheel.py"), str(REPO / "sglang-ddtree"),
+         str(tmp_path_factory.mktemp("wheel"))],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    return Path(json.loads(out)["wheel"])
+
+
+def plugin_cli(python: Path, wheel: Path, *args: str) -> tuple[int, dict]:
+    """``PYTHONPATH=WHEEL python -m sglang_ddtree ARGS``, as preflight ran the plugin's checks before they were folded
+    into the probe: its exit status and its JSON report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "SGLANG_"))}
+    env["PYTHONPATH"] = str(wheel)
+    proc = subprocess.run([str(python), "-m", "sglang_ddtree", *args], capture_output=True, text=True, timeout=300,
+                          env=env, cwd="/", check=False)  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("python", [PY_017, PY_023], ids=["0.5.17", "0.5.23"])
+def test_plugin_checks_in_the_probe_say_what_the_plugins_cli_says(tmp_path, wheel, python):
+    """check-drafter and check-sglang run inside the probe (SGLang imported once) give the CLI's exit status and
+    report, with the wheel first on the path as PYTHONPATH=WHEEL put it."""
+    checks = {"wheel": str(wheel), "drafter": str(DRAFTER), "check_sglang": True}
+    r = run_module(tmp_path, {"python": str(python), "help": False, "plugin_checks": checks})
+    assert not r.get("failed"), r["msg"]
+    checks = r["plugin_checks"]
+    for name, args in (("drafter", ["check-drafter", str(DRAFTER), "--consumer", "sglang"]),
+                       ("sglang", ["check-sglang", "--expect", "any"])):  # fmt: skip
+        rc, report = plugin_cli(python, wheel, *args)
+        assert checks[name]["rc"] == rc, (name, checks[name])
+        assert json.loads(checks[name]["stdout"]) == report, name
+    assert checks["wheel"] == {"path": str(wheel), "version": r["ddtree"]["wheel"]["version"]}
+    sglang = json.loads(checks["sglang"]["stdout"])
+    assert sglang["implementation"] == "plugin" and sglang["plugin_status"] == "registered"
+    # what is installed is read before the wheel goes on the path; the registration is the wheel's
+    assert r["ddtree"]["registered"] is True
+    assert r["ddtree"]["reason"].startswith("DDTREE registers with the plugin wheel")
+
+
+def test_plugin_checks_server_args_with_the_wheel_visible(tmp_path, wheel):
+    """SGLang's parser on the new command line, in the probe: DDTREE resolves (the wheel is on the path), an unknown
+    flag is refused with argparse's message, a command line with % is not checked."""
+    base = {"unit": "sglang-nextn.service", "help": False,
+            "speculative_flags": {"speculative-algorithm": "DDTREE", "speculative-num-draft-tokens": 17,
+                                  "speculative-draft-model-path": str(DRAFTER)}}  # fmt: skip
+    checks = {"wheel": str(wheel), "server_args": True}
+    ok = run_module(tmp_path / "ok", {**base, "plugin_checks": checks})["plugin_checks"]["server_args"]
+    assert ok["checked"] is True and ok["ok"] is True and ok["error"] == "", ok
+    assert ok["algorithm"] == "DDTREE" and ok["algorithm_resolved"] == "DDTREE", ok
+    bad = run_module(tmp_path / "bad", {**base, "extra_args": ["--no-such-flag", "1"], "plugin_checks": checks})
+    verdict = bad["plugin_checks"]["server_args"]
+    assert verdict["checked"] is True and verdict["ok"] is False
+    assert verdict["error"] == "unrecognized arguments: --no-such-flag 1", verdict
+    pct = run_module(tmp_path / "pct", {**base, "extra_args": ["--served-model-name", "a%nb"], "plugin_checks": checks})
+    assert pct["plugin_checks"]["server_args"]["checked"] is False
+    assert "$VAR or %" in pct["plugin_checks"]["server_args"]["reason"]
+    assert "sglang" not in pct["plugin_checks"] and "drafter" not in pct["plugin_checks"]  # not asked for
