@@ -6,7 +6,8 @@ M = N+1 tokens fills M of 128 rows and reads every prefix K/V row once per query
 and it has one program per (request, head) however long the prefix is. Here one program serves a whole GQA group
 of one KV head: its rows are the M tokens x G query heads (68 of 128 at M=17, G=4), so the prefix K/V is read
 once per KV head, and at small batch the prefix is split over ``S`` programs (flash-decoding, at least
-``min_chunk`` keys each: a short prefix is left to the first of them) whose partial results a second kernel merges.
+``min_chunk`` keys each: a short prefix is left to the first of them, which then writes the output itself) whose
+partial results a second kernel merges.
 
 Layouts (T = total verify tokens = sum of the requests' M, Hq = G * Hkv):
 
@@ -126,11 +127,12 @@ def _tree_attn_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
         m_i = m_new
 
-    if S == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
-                 out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-    elif (s == 0) | (lo < prefix):
+    if (S == 1) | (prefix <= chunk):  # the first program had the whole request: its result is final
+        if s == 0:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+                     out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    elif lo < prefix:
         # partials [B, Hkv * RB, S, BLOCK_R, BLOCK_DV] and [B, Hkv * RB, S, 2, BLOCK_R] of the splits that had work
         base = ((b * tl.num_programs(1) + pid1) * S + s).to(tl.int64)
         rr = tl.arange(0, BLOCK_R)
@@ -156,7 +158,9 @@ def _tree_attn_merge_kernel(
     q_len = tl.load(qo_indptr + b + 1) - q_start
     prefix = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
     chunk = tl.maximum(tl.cdiv(prefix, S), MIN_CHUNK)
-    used = tl.maximum(tl.minimum(tl.cdiv(prefix, chunk), S), 1)  # the splits that wrote partials
+    if prefix <= chunk:
+        return  # the first split wrote the output
+    used = tl.minimum(tl.cdiv(prefix, chunk), S)  # the splits that wrote partials
     r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     rr = tl.arange(0, BLOCK_R)
     qi = r // G
