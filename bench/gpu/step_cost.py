@@ -113,6 +113,9 @@ def main() -> int:
     ap.add_argument("--context-batches", default="", help="per-context batch sizes, e.g. 32768=1,8;8192=1,8,32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--algos", default="none,DFLASH,DDTREE")
+    ap.add_argument("--ab-attention", action="store_true",
+                    help="also DDTREE with SGLang's own verify attention (SGLANG_DDTREE_VERIFY_ATTENTION=sglang): "
+                         "row fields ddtree_sglang_attention_ms / _gpu_busy_ms / _kernels_us")
     ap.add_argument("--result", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -130,6 +133,12 @@ def main() -> int:
             rec = run_config(args.work / f"cost-{tag}.json", args.models, algo, budget or 16, "speed,profile", extra)
             if rec is not None:
                 runs[(algo, budget, context)] = rec
+            if algo == "DDTREE" and args.ab_attention:
+                extra[extra.index("--profile-dir") + 1] = str(args.work / f"trace-{tag}-sglang-attention")
+                rec = run_config(args.work / f"cost-{tag}-sglang-attention.json", args.models, algo, budget,
+                                 "speed,profile", extra, env_extra={"SGLANG_DDTREE_VERIFY_ATTENTION": "sglang"})
+                if rec is not None:
+                    runs[("DDTREE-sglang-attention", budget, context)] = rec
     rows = []
 
     def by_batch(algo, budget, context, mode):
@@ -139,8 +148,10 @@ def main() -> int:
         for budget in budgets:
             for batch in sorted(by_batch("DDTREE", budget, context, "speed")):
                 row = {"target": args.label, "batch": batch, "budget": budget, "context": context}
-                for algo, b in (("none", 0), ("DFLASH", 0), ("DDTREE", budget)):
-                    key = algo.lower()
+                for algo, b in (("none", 0), ("DFLASH", 0), ("DDTREE", budget), ("DDTREE-sglang-attention", budget)):
+                    if (algo, b, context) not in runs and algo == "DDTREE-sglang-attention":
+                        continue
+                    key = algo.lower().replace("-", "_")
                     row[f"{key}_ms"] = by_batch(algo, b, context, "speed").get(batch, {}).get("ms_per_step")
                     p = by_batch(algo, b, context, "profile").get(batch, {})
                     row[f"{key}_launches"] = p.get("launches_per_step")
