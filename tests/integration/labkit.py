@@ -283,8 +283,9 @@ def _record_hash(data: bytes) -> str:
 
 
 def rewrite_wheel(src: Path, out_dir: Path, version: str | None = None,
-                  entry_points: str | None = None) -> Path:
-    """A copy of a wheel with another version and/or entry_points.txt, its RECORD recomputed (a valid wheel)."""
+                  entry_points: str | None = None, requires_python: str | None = None) -> Path:
+    """A copy of a wheel with another version, entry_points.txt and/or Requires-Python, its RECORD recomputed (a
+    valid wheel)."""
     name, old_version = src.name.split("-")[:2]
     version = version or old_version
     old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
@@ -295,6 +296,9 @@ def rewrite_wheel(src: Path, out_dir: Path, version: str | None = None,
             new = item.replace(old_info, new_info, 1) if item.startswith(old_info) else item
             if new == new_info + "METADATA":
                 data = re.sub(rb"(?m)^Version: .*$", b"Version: " + version.encode(), data)
+                if requires_python is not None:
+                    data = re.sub(rb"(?m)^Requires-Python: .*\n", b"", data)
+                    data = data.replace(b"\n", b"\nRequires-Python: " + requires_python.encode() + b"\n", 1)
             if new == new_info + "entry_points.txt" and entry_points is not None:
                 data = entry_points.encode()
             files[new] = data

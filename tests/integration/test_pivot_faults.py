@@ -283,6 +283,34 @@ def test_bad_wheel_is_refused_by_the_plugins_check_in_preflight(lab, tmp_path) -
     assert lk.preflight_leftovers() == "", "the temporary copy of the plugin must be gone"
 
 
+def test_an_install_pip_refuses_is_undone_and_never_stops_the_old_service(lab, tmp_path) -> None:
+    # A wheel that passes every preflight check (its code loads and registers DDTREE from the wheel on the path) but
+    # that pip refuses to install: it declares Requires-Python "<3". The install fails after preflight, main.yml's
+    # rescue compares the interpreter with the snapshot taken before (no plugin: nothing to undo), the failure names
+    # pip's reason, and the
+    # switch never runs: the old server keeps serving NEXTN (same PID, same unit).
+    good = lk.built_wheel()
+    bad = lk.rewrite_wheel(good, tmp_path / "wheels", version="0.1.0+py2only", requires_python="<3")
+    before = lk.state()
+    run = pivot(tmp_path, "-e", f"ddtree_plugin_wheel={bad}")
+    assert run.rc != 0
+    report = run.report()
+    [failure] = report["failures"]
+    assert failure["phase"] == "ddtree_plugin", failure
+    assert "requires a different Python" in failure["msg"], failure["msg"]
+    assert "The SGLang service was not touched" in failure["msg"]
+    # pip refused before writing anything, so the snapshot's state (no plugin) needed nothing undone
+    assert "The previous state was put back (none: not installed" in failure["msg"], failure["msg"]
+    plugin = report["inference"][0]["plugin"]
+    assert plugin["failed"] is True and plugin["restored"]["action"] == "none", plugin
+    assert report["inference"][0]["service"] is None, "the switch must not run"
+    after = lk.state()
+    assert after["service"] == before["service"], "the old server was never stopped (same PID, start, restarts)"
+    assert after["unit_sha1"] == before["unit_sha1"]
+    assert after["plugin"] is None, "nothing of the refused wheel stays installed"
+    assert lk.server_info()["speculative_algorithm"] == "NEXTN"
+
+
 def test_an_undecided_hook_check_proceeds_and_the_servers_log_says_so(lab, tmp_path) -> None:
     # On this CPU container two hook targets of the plugin do not import (check-sglang: "cannot be decided on this
     # host"): the pivot goes on, the Markdown says so, and after the restart the new server's own log (its journal)
