@@ -97,6 +97,10 @@ def _router(original: Callable[..., Any]) -> Callable[..., Any]:
             get("v_buffer", None), get("qo_indptr", None), get("kv_indptr", None), get("kv_indices", None),
             get("custom_mask", None), get("mask_indptr", None), int(get("max_len_extend", 0)), sm_scale)
 
+    import torch
+
+    # as SGLang wraps its own: torch.compile (--enable-torch-compile) must not trace the host-side routing
+    routed = torch.compiler.disable(routed)
     routed.ddtree_original = original  # type: ignore[attr-defined]
     return routed
 
