@@ -340,12 +340,18 @@ def test_gate_failure_rolls_back(lab, tmp_path) -> None:
 
 # ------------------------------------------------------------------------------------------------ interrupted runs
 def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
-    # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs.
-    first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Reload systemd's view of the unit]")
+    # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs. The run is stopped
+    # while Ansible waits (--step) to start the reload: the install has ended, the reload and restart never began.
+    first = pivot(tmp_path, interrupt_before="specdec.pivot.sglang_service : Reload systemd's view of the unit")
     assert first.rc != 0
     assert "--speculative-algorithm DDTREE" in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
     assert lk.server_info()["speculative_algorithm"] == "NEXTN"
     backups_after_first = lk.unit_backups()
+    # The seed's record (saved before the switch); run in file order, the one the tests above left, unchanged.
+    records = lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units")
+    assert len(records) == 2, records  # the seed unit's copy and its description
+    if "records" in SEEN:
+        assert records == SEEN["records"]
 
     again = pivot(tmp_path)
     assert again.rc == 0, again.tail()
@@ -359,7 +365,7 @@ def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
     assert svc["saved_unit"].startswith(f"{lk.STATE_DIR}/units/")  # what a failure would have restored
     assert lk.server_info()["speculative_algorithm"] == "DDTREE"
     # Nothing lost: the seed's record and every backup are still there, unchanged; no new record appeared.
-    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"]
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == records
     backups = lk.unit_backups()
     assert {k: backups[k] for k in backups_after_first} == backups_after_first
 
