@@ -763,7 +763,7 @@ def pivot_report_disagreements(report: Any) -> list[str]:
             if between is not None and between < 0:
                 problems.append(f"phase {label} ends ({phase.get('finished_at')}) before it starts "
                                 f"({phase.get('started_at')})")
-    services = {label: svc for label, svc in _report_records(report, "inference[].service")}
+    services = dict(_report_records(report, "inference[].service"))
     for host, seconds in ((report.get("summary") or {}).get("downtime_s") or {}).items():
         svc = services.get(f"inference[{host}].service")
         if svc is None or _num(svc.get("downtime_s")) != _num(seconds):

@@ -34,7 +34,7 @@ def env() -> jinja2.Environment:
 def resolve(variables: dict) -> dict:
     """Template every string value until none changes (role vars refer to each other, as Ansible resolves them)."""
     e, out = env(), dict(variables)
-    for _ in range(10):
+    for _attempt in range(10):
         changed = False
         for key, value in out.items():
             if isinstance(value, str) and "{{" in value:
