@@ -19,7 +19,7 @@ from ansible.plugins.test.core import TestModule as CoreTests
 from ansible_collections.specdec.pivot.plugins.filter import pivot as f
 
 REPO = Path(__file__).resolve().parents[4]
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "reports" / "pivot-report-lab.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pivot_report" / "lab-run.json"
 TEMPLATE = REPO / "playbooks" / "templates" / "pivot-report.md.j2"
 
 
