@@ -6,6 +6,7 @@ Everything here touches only the local lab containers (docker exec) and loopback
 from __future__ import annotations
 
 import base64
+import codecs
 import csv
 import dataclasses
 import hashlib
@@ -13,6 +14,7 @@ import io
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -123,17 +125,22 @@ def playbook(name: str, *args: str, report_dir: Path, timeout: float = 900,
     interrupted = False
     out = ""
     answered = 0
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # a character may span two reads
     while True:
         # Raw reads, not lines: --step's question has no newline, and Ansible waits for the answer after it.
+        # select: a run that waits for an answer never given still ends at the deadline.
+        if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{name} ran over {timeout} s:\n{out[-4000:]}")
         chunk = os.read(proc.stdout.fileno(), 65536)
         if not chunk:
             break
-        out += chunk.decode(errors="replace")
+        out += decode(chunk)
         if interrupt_on and not interrupted and interrupt_on in out:
             os.killpg(proc.pid, interrupt_signal)
             interrupted = True
         if interrupt_before and not interrupted and out.endswith(STEP_PROMPT):
-            question = out.rsplit("\n", 1)[-1]
+            question = out[out.rfind("Perform task: "):]  # a task's raw name may span lines
             if question == f"Perform task: TASK: {interrupt_before} {STEP_PROMPT}":
                 os.killpg(proc.pid, interrupt_signal)  # Ansible waits on its question: nothing of it has run
                 interrupted = True
