@@ -736,9 +736,10 @@ def _report_records(report: Mapping[str, Any], where: str) -> list[tuple[str, Ma
 def pivot_report_disagreements(report: Any) -> list[str]:
     """The figures of a pivot report (its JSON) that do not agree, in words; [] when every one does.
 
-    For each duration of REPORT_SPANS that the report holds: both endpoints are there, the end is not before the
-    start, and the duration is the endpoints' difference (within rounding). Also: the summary's downtime of each
-    host is that host's service downtime, and every phase ends after it starts.
+    For each duration of REPORT_SPANS that the report holds (a halt that signalled nothing has none): both
+    endpoints are there, the end is not before the start, and the duration is the endpoints' difference (within
+    rounding). Also: the summary's downtime of each host is that host's service downtime, and every phase ends
+    after it starts.
     """
     if not isinstance(report, Mapping):
         return ["the report is not a mapping"]
@@ -746,8 +747,8 @@ def pivot_report_disagreements(report: Any) -> list[str]:
     for where, key, start_key, end_key, what, tolerance in REPORT_SPANS:
         for label, record in _report_records(report, where):
             seconds = _num(record.get(key))
-            if seconds is None:
-                continue
+            if seconds is None or (where == "training[].halt" and not record.get("signals_sent")):
+                continue  # a halt that signalled nothing (already stopped) has no duration: elapsed_s is 0
             start, end = record.get(start_key), record.get(end_key)
             between = pivot_seconds_between(start, end)
             name = f"{label} {key} = {seconds:g} s ({what})"

@@ -77,6 +77,15 @@ def test_a_figure_that_disagrees_is_named(report, path, value, expected):
     assert len(problems) >= 1 and any(expected in p for p in problems), problems
 
 
+def test_a_halt_that_signalled_nothing_has_no_duration_to_check(report):
+    halt = report["training"][0]["halt"]
+    halt.update(already_stopped=True, signals_sent=[], pids=[], elapsed_s=0.0, signalled_at=None, ended_at=None)
+    assert f.pivot_report_disagreements(report) == []
+    assert "No training run was running (already stopped)." in render(report)
+    halt["signals_sent"] = [{"pid": 1, "signal": "SIGTERM"}]  # signalled, yet no endpoints
+    assert any("signalled_at=None" in p for p in f.pivot_report_disagreements(report))
+
+
 def test_rounding_alone_is_no_disagreement(report):
     # downtime_s is rounded to ms on the host; its endpoints carry microseconds
     svc = report["inference"][0]["service"]
