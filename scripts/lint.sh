@@ -18,10 +18,10 @@ echo "yamllint $("$venv/yamllint" --version | cut -d' ' -f2) ($venv/yamllint)"
 "$venv/yamllint" -s .
 
 # Every shell script of the checkout (tracked, and untracked not ignored): *.sh and files with a sh/bash shebang.
-# sglang-ddtree/ belongs to its own package and is left to its owner's linters; bench/gpu/ (the GPU-machine scripts)
-# is not ShellCheck-clean yet and is left out until it is. The rest of bench/ is checked.
+# sglang-ddtree/ belongs to its own package and is left to its owner's linters; bench/ (the GPU-machine scripts
+# under bench/gpu/ included) is checked.
 echo "shellcheck $("$lint/shellcheck" --version | sed -n 's/^version: //p') ($lint/shellcheck)"
-mapfile -t shell_scripts < <(git ls-files -co --exclude-standard | grep -v '^sglang-ddtree/\|^bench/gpu/' \
+mapfile -t shell_scripts < <(git ls-files -co --exclude-standard | grep -v '^sglang-ddtree/' \
   | while IFS= read -r f; do
   [ -f "$f" ] || continue
   case "$f" in *.sh) echo "$f" ;; *) head -c 64 "$f" 2>/dev/null | grep -qE '^#!(/usr/bin/env |/bin/)(ba)?sh' && echo "$f" ;; esac

@@ -13,13 +13,14 @@
 # take about 1-3 minutes on the H200 (Triton compiles a few dozen kernel variants; its cache ~/.triton persists
 # while the machine stays warm), the full benchmark grid a few minutes.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/sglang-ddtree-core}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 STAGE=${STAGE:-all}
 read -r -a bench_args <<<"${BENCH_ARGS:-}"
+read -r -a stages_args <<<"${STAGES_ARGS:-}"
 export PYTHONPATH="$PWD/sglang-ddtree/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 
@@ -62,7 +63,7 @@ fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = stages ]; then
 echo "== bench/gpu/tree_stages.py (where the time goes at B=64, N=16, V=151936)"
-timeout "${STAGES_TIMEOUT:-200}" "$PY" bench/gpu/tree_stages.py ${STAGES_ARGS:-} --out "$OUT/tree_stages.json" 2>&1 | tee "$OUT/tree_stages.log"
+timeout "${STAGES_TIMEOUT:-200}" "$PY" bench/gpu/tree_stages.py "${stages_args[@]}" --out "$OUT/tree_stages.json" 2>&1 | tee "$OUT/tree_stages.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

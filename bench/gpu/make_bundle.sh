@@ -25,7 +25,7 @@ site=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$out"/wheels/*.whl \
   --python-version 3.12 --implementation cp --abi cp312 --only-binary=:all: 2>&1 | grep -v "is ignored" || true
 rm -rf "$site"/sgl_kernel/flash_ops*.so "$site"/sgl_kernel/sm100 "$site"/sgl_kernel/infllm_ops*.so "$site"/sgl_kernel/flashmla_ops*.so \
-       "$site"/xgrammar/lib/libxgrammar.a "$site"/sglang/multimodal_gen "$site"/bin
+       "$site"/xgrammar/lib/libxgrammar.a "$site"/sglang/multimodal_gen "${site:?}"/bin
 find "$site" -name '_core*.so' -path '*sglang*' -delete
 find "$site" -name '__pycache__' -prune -exec rm -rf {} +
 tar -C "$site" -cJf "$out/sglang-0.5.17-py312.tar.xz" .

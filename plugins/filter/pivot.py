@@ -692,9 +692,91 @@ def pivot_seconds_between(start: Any, end: Any) -> float | None:
     return None if a is None or b is None else round((b - a).total_seconds(), 3)
 
 
+# Every duration the pivot report prints beside two times, and the two times it is the difference of: (where in
+# the report, the duration's key, its start's key, its end's key, what it measures, how far apart the figures may
+# be from rounding alone). The Markdown prints each with these endpoints; pivot_report_disagreements checks them.
+REPORT_SPANS: tuple[tuple[str, str, str, str, str, float], ...] = (
+    ("", "wall_time_s", "started_at", "finished_at", "the run, start to end (controller clock)", 0.051),
+    ("training[].halt", "elapsed_s", "signalled_at", "ended_at",
+     "the halt: first signal to every process gone (host clock)", 0.0015),
+    ("inference[].service", "downtime_s", "stop_began_at", "first_healthy_at",
+     "downtime: the old server's SIGTERM to the new server's first /health 200 (host clock)", 0.0015),
+    ("inference[].service", "stop_s", "stop_began_at", "stop_ended_at",
+     "the old server's stop: SIGTERM to gone (host clock)", 0.0015),
+    ("inference[].service", "start_to_healthy_s", "start_began_at", "first_healthy_at",
+     "the new server's own start to its first /health 200 (host clock)", 0.0015),
+    ("inference[].service", "downtime_upper_s", "stopped_at", "healthy_at",
+     "just before the restart to the health wait's result (controller clock)", 0.006),
+    ("inference[].service.rollback", "outage_s", "outage_from", "finished_at",
+     "the whole outage: just before the restart to the restored server healthy (controller clock)", 0.006),
+)
+
+
+def _report_records(report: Mapping[str, Any], where: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """(label, record) for each record at ``where`` ("" the report; "training[].halt": each host's halt...)."""
+    if not where:
+        return [("report", report)]
+    found: list[tuple[str, Any]] = [("", report)]
+    for part in where.split("."):
+        step: list[tuple[str, Any]] = []
+        for label, node in found:
+            if not isinstance(node, Mapping):
+                continue
+            if part.endswith("[]"):
+                items = node.get(part[:-2]) or []
+                for i, item in enumerate(items if isinstance(items, list) else []):
+                    host = item.get("host") if isinstance(item, Mapping) else None
+                    step.append((f"{label}{part[:-2]}[{host or i}]", item))
+            else:
+                step.append((f"{label}.{part}", node.get(part)))
+        found = step
+    return [(label, node) for label, node in found if isinstance(node, Mapping)]
+
+
+def pivot_report_disagreements(report: Any) -> list[str]:
+    """The figures of a pivot report (its JSON) that do not agree, in words; [] when every one does.
+
+    For each duration of REPORT_SPANS that the report holds (a halt that signalled nothing has none): both
+    endpoints are there, the end is not before the start, and the duration is the endpoints' difference (within
+    rounding). Also: the summary's downtime of each host is that host's service downtime, and every phase ends
+    after it starts.
+    """
+    if not isinstance(report, Mapping):
+        return ["the report is not a mapping"]
+    problems: list[str] = []
+    for where, key, start_key, end_key, what, tolerance in REPORT_SPANS:
+        for label, record in _report_records(report, where):
+            seconds = _num(record.get(key))
+            if seconds is None or (where == "training[].halt" and not record.get("signals_sent")):
+                continue  # a halt that signalled nothing (already stopped) has no duration: elapsed_s is 0
+            start, end = record.get(start_key), record.get(end_key)
+            between = pivot_seconds_between(start, end)
+            name = f"{label} {key} = {seconds:g} s ({what})"
+            if between is None:
+                problems.append(f"{name}: its endpoints {start_key}={start!r}, {end_key}={end!r} are not both times")
+            elif between < 0:
+                problems.append(f"{name}: {end_key} {end} is before {start_key} {start}")
+            elif abs(between - seconds) > tolerance:
+                problems.append(f"{name}: but {start_key} {start} and {end_key} {end} are {between:g} s apart")
+    for label, phase in (report.get("phases") or {}).items():
+        if isinstance(phase, Mapping):
+            between = pivot_seconds_between(phase.get("started_at"), phase.get("finished_at"))
+            if between is not None and between < 0:
+                problems.append(f"phase {label} ends ({phase.get('finished_at')}) before it starts "
+                                f"({phase.get('started_at')})")
+    services = dict(_report_records(report, "inference[].service"))
+    for host, seconds in ((report.get("summary") or {}).get("downtime_s") or {}).items():
+        svc = services.get(f"inference[{host}].service")
+        if svc is None or _num(svc.get("downtime_s")) != _num(seconds):
+            problems.append(f"summary downtime_s of {host} = {seconds} s, but its service says "
+                            f"{None if svc is None else svc.get('downtime_s')}")
+    return problems
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "pivot_report_disagreements": pivot_report_disagreements,
             "systemd_unit_parse": systemd_unit_parse,
             "systemd_unit_header": systemd_unit_header,
             "systemd_exec_lines": systemd_exec_lines,

@@ -891,7 +891,9 @@ class HaltResult:
     late_members: list = field(default_factory=list)  # ProcInfo that appeared while halting
     skipped: list = field(default_factory=list)  # [{pid, reason}] not signalled (gone, reused, zombie)
     zombies: list = field(default_factory=list)  # pids that ended as zombies (not yet reaped by their parent)
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # first signal -> every process gone (or the timeout): ended_at - started_at
+    started_at: float = 0.0  # wall clock (epoch s) of the first signal
+    ended_at: float = 0.0  # wall clock (epoch s) when every process was gone, or the halt gave up
 
 
 def halt_tree(
@@ -903,6 +905,7 @@ def halt_tree(
     discover=None,
     clock=time.monotonic,
     sleep=time.sleep,
+    wall=time.time,
 ) -> HaltResult:
     """Signal ``members`` top-down, wait up to ``timeout`` seconds, SIGKILL survivors after ``kill_after``.
 
@@ -910,7 +913,7 @@ def halt_tree(
     they get the signal currently in force. Returns when every member is gone or the timeout passed.
     """
     start = clock()
-    result = HaltResult()
+    result = HaltResult(started_at=wall())
     current = signum
 
     def send(info: ProcInfo, sig: int) -> None:
@@ -948,5 +951,8 @@ def halt_tree(
         alive = [m for m in alive if not is_gone(m)]
     result.survivors = alive
     result.zombies = sorted(m.pid for m in everyone if identity_state(m) == "zombie")
-    result.elapsed_s = round(clock() - start, 3)
+    elapsed = clock() - start
+    # The end on the wall clock is the start plus the monotonic duration: the two times differ by exactly elapsed_s.
+    result.ended_at = result.started_at + elapsed
+    result.elapsed_s = round(elapsed, 3)
     return result

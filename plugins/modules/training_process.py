@@ -418,10 +418,25 @@ zombies:
   type: list
   elements: int
 elapsed_s:
-  description: Seconds from the first signal until every process was gone (0 when nothing was signalled).
+  description:
+    - Seconds from the first signal until every process was gone (0 when nothing was signalled); the difference
+      of RV(signalled_at) and RV(ended_at).
   returned: always
   type: float
   sample: 0.42
+signalled_at:
+  description: When the first signal was sent (UTC, the host's clock); null when nothing was signalled.
+  returned: always
+  type: str
+  sample: "2026-12-04T19:57:11.051204Z"
+ended_at:
+  description:
+    - When every process of the run was gone, or the module gave up on survivors (UTC, the host's clock); null when
+      nothing was signalled. Taken as RV(signalled_at) plus the monotonic time the halt took, so the two times are
+      exactly RV(elapsed_s) apart.
+  returned: always
+  type: str
+  sample: "2026-12-04T19:57:11.473204Z"
 log:
   description: The training log's tail and what was parsed from it.
   returned: when O(log_path) is set
@@ -536,6 +551,7 @@ gpu:
   sample: {checked: false, released: null, skipped_reason: "no NVIDIA GPU: nvidia-smi not found", still_on_gpu: []}
 """
 
+import datetime
 import math
 import os
 import pwd
@@ -746,6 +762,11 @@ def read_checkpoint(module: AnsibleModule) -> dict:
         return result
 
 
+def utc_iso(epoch: float) -> str:
+    """Epoch seconds -> the report's time format (UTC, microseconds, Z)."""
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def wait_gpu_release(module: AnsibleModule, pids: list) -> dict:
     """Poll the GPUs until none of ``pids`` is a compute process; fail on a hang or a timeout."""
     params = module.params
@@ -900,6 +921,8 @@ def main() -> None:
         survivors=[],
         zombies=[],
         elapsed_s=0.0,
+        signalled_at=None,
+        ended_at=None,
     )
     gpu = {
         "checked": False,
@@ -943,6 +966,8 @@ def main() -> None:
                 survivors=[p.pid for p in halt.survivors],
                 zombies=halt.zombies,
                 elapsed_s=halt.elapsed_s,
+                signalled_at=utc_iso(halt.started_at),
+                ended_at=utc_iso(halt.ended_at),
             )
             if halt.late_members:
                 result["processes"] = result["processes"] + [p.as_dict(_procs.ROLE_CHILD) for p in halt.late_members]

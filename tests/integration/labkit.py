@@ -6,6 +6,7 @@ Everything here touches only the local lab containers (docker exec) and loopback
 from __future__ import annotations
 
 import base64
+import codecs
 import csv
 import dataclasses
 import hashlib
@@ -13,6 +14,7 @@ import io
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -93,35 +95,68 @@ class Run:
         return self.out[-n:]
 
 
+STEP_PROMPT = "(N)o/(y)es/(c)ontinue: "
+
+
 def playbook(name: str, *args: str, report_dir: Path, timeout: float = 900,
-             interrupt_on: str | None = None, interrupt_signal: int = signal.SIGINT) -> Run:
+             interrupt_on: str | None = None, interrupt_signal: int = signal.SIGINT,
+             interrupt_before: str | None = None) -> Run:
     """ansible-playbook -i inventories/lab playbooks/NAME ARGS. With ``interrupt_on``, the run is interrupted
     (``interrupt_signal`` to its process group, like Ctrl-C or a lost session) as soon as that text appears in its
-    output; the result's rc is then whatever the interrupted run returned."""
+    output; the result's rc is then whatever the interrupted run returned.
+
+    ``interrupt_before`` ("role : task name", as Ansible names a task) interrupts at a known point instead: the
+    run is started with ``--step``, which asks before each task and waits for the answer; every task is answered
+    "y" until Ansible asks about this one, and the signal is sent while it waits there. Every task before it has
+    ended on every host and this one has started on none (a header seen in the output is no such point: the task
+    may already run on the host when the signal lands). ``--step`` is Ansible's own; the playbooks have no hook."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                PYTHONUNBUFFERED="1")
     env.pop("PIVOT_REPORT_DIR", None)
     cmd = [str(PLAYBOOK_BIN), "-i", str(INVENTORY), str(REPO / "playbooks" / name),
            "-e", f"pivot_report_dir={report_dir}", *args]
+    if interrupt_before:
+        cmd.append("--step")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    lines: list[str] = []
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE if interrupt_before else None,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = t0 + timeout
     assert proc.stdout is not None
     interrupted = False
-    for line in proc.stdout:
-        lines.append(line)
-        if interrupt_on and not interrupted and interrupt_on in line:
+    out = ""
+    answered = 0
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # a character may span two reads
+    while True:
+        # Raw reads, not lines: --step's question has no newline, and Ansible waits for the answer after it.
+        # select: a run that waits for an answer never given still ends at the deadline.
+        if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{name} ran over {timeout} s:\n{out[-4000:]}")
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        out += decode(chunk)
+        if interrupt_on and not interrupted and interrupt_on in out:
             os.killpg(proc.pid, interrupt_signal)
             interrupted = True
+        if interrupt_before and not interrupted and out.endswith(STEP_PROMPT):
+            question = out[out.rfind("Perform task: "):]  # a task's raw name may span lines
+            if question == f"Perform task: TASK: {interrupt_before} {STEP_PROMPT}":
+                os.killpg(proc.pid, interrupt_signal)  # Ansible waits on its question: nothing of it has run
+                interrupted = True
+            elif question.startswith("Perform task: ") and out.count(STEP_PROMPT) > answered:
+                assert proc.stdin is not None
+                proc.stdin.write(b"y\n")
+                proc.stdin.flush()
+                answered = out.count(STEP_PROMPT) + 1  # Ansible echoes the question in the banner after it
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"{name} ran over {timeout} s:\n{''.join(lines)[-4000:]}")
+            raise AssertionError(f"{name} ran over {timeout} s:\n{out[-4000:]}")
     rc = proc.wait(timeout=60)
-    out = "".join(lines)
     if interrupt_on:
         assert interrupted, f"{name} never printed {interrupt_on!r}:\n{out[-4000:]}"
+    if interrupt_before:
+        assert interrupted, f"{name} never asked about the task {interrupt_before!r}:\n{out[-4000:]}"
     return Run(rc, out, report_dir, time.monotonic() - t0)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import labkit as lk
 import pytest
+from ansible_collections.specdec.pivot.plugins.filter.pivot import pivot_report_disagreements, pivot_seconds_between
 
 REQUIRE_LAB = bool(os.environ.get("SPECDEC_REQUIRE_LAB"))
 IMAGE = os.environ.get("SPECDEC_LAB_IMAGE", "specdec-pivot-lab:bookworm")
@@ -391,14 +393,41 @@ def test_gate_failure_rolls_back(lab, tmp_path) -> None:
     assert {k: backups[k] for k in SEEN["backups"]} == SEEN["backups"]
 
 
+def assert_report_figures_agree(run: lk.Run, report: dict) -> None:
+    """A real pivot's report (issue 26): every duration agrees with the two times printed beside it, the server is
+    called the lab's stand-in from its own answer, and each wait's name states the limit its polls enforce."""
+    assert pivot_report_disagreements(report) == []
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "Figures that disagree" not in md
+    svc = report["inference"][0]["service"]
+    downtime = next(ln for ln in md.splitlines() if ln.startswith("| **downtime** |"))
+    assert svc["stop_began_at"] in downtime and svc["first_healthy_at"] in downtime, downtime
+    between = pivot_seconds_between(svc["stop_began_at"], svc["first_healthy_at"])
+    assert between == pytest.approx(svc["downtime_s"], abs=0.0015)
+    stand_in = svc["server_stand_in"]
+    assert stand_in and "LAB STAND-IN" in stand_in["says"], stand_in
+    assert stand_in["source"] == "GET /get_server_info of the new server"
+    assert md.count("Lab stand-in") == 2 and "not a real model" in md
+    waits = re.findall(r"^waiting \[\S+\]: .* - limit (\d+) s, polled every \d+ s - \d+ s so far, limit (\d+) s",
+                       run.out, re.M)
+    assert waits, "no wait was polled (the new server's /health takes seconds)"
+    assert all(named == polled for named, polled in waits), waits
+
+
 # ------------------------------------------------------------------------------------------------ interrupted runs
 def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
-    # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs.
-    first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Reload systemd's view of the unit]")
+    # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs. The run is stopped
+    # while Ansible waits (--step) to start the reload: the install has ended, the reload and restart never began.
+    first = pivot(tmp_path, interrupt_before="specdec.pivot.sglang_service : Reload systemd's view of the unit")
     assert first.rc != 0
     assert "--speculative-algorithm DDTREE" in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
     assert lk.server_info()["speculative_algorithm"] == "NEXTN"
     backups_after_first = lk.unit_backups()
+    # The seed's record (saved before the switch); run in file order, the one the tests above left, unchanged.
+    records = lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units")
+    assert len(records) == 2, records  # the seed unit's copy and its description
+    if "records" in SEEN:
+        assert records == SEEN["records"]
 
     again = pivot(tmp_path)
     assert again.rc == 0, again.tail()
@@ -411,8 +440,9 @@ def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
     assert svc["baseline"]["before"]["server"]["speculative_algorithm"] == "NEXTN"
     assert svc["saved_unit"].startswith(f"{lk.STATE_DIR}/units/")  # what a failure would have restored
     assert lk.server_info()["speculative_algorithm"] == "DDTREE"
+    assert_report_figures_agree(again, report)
     # Nothing lost: the seed's record and every backup are still there, unchanged; no new record appeared.
-    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"]
+    assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == records
     backups = lk.unit_backups()
     assert {k: backups[k] for k in backups_after_first} == backups_after_first
 

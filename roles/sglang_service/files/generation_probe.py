@@ -77,12 +77,17 @@ def server_info(base: str, timeout: float) -> dict:
             continue
         states = info.get("internal_states") or [{}]
         state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        # A stand-in says so itself (the lab's sglang_lab_server: lab_stand_in true, what it is, its engine).
+        stand_in = info.get("lab_stand_in") is True
         return {
             "speculative_algorithm": info.get("speculative_algorithm"),
             "avg_spec_accept_length": state.get("avg_spec_accept_length"),
             "version": info.get("version"),
+            "stand_in": str(info.get("stand_in") or "lab_stand_in: true") if stand_in else None,
+            "engine": str(info.get("lab_engine")) if stand_in and info.get("lab_engine") else None,
         }
-    return {"speculative_algorithm": None, "avg_spec_accept_length": None, "version": None}
+    return {"speculative_algorithm": None, "avg_spec_accept_length": None, "version": None, "stand_in": None,
+            "engine": None}
 
 
 def one(base: str, prompt: str, max_new: int, timeout: float) -> dict:

@@ -9,9 +9,12 @@ instead of waiting for the timeout. Timestamps are taken on the host with CLOCK_
 the first 200) has no controller/host clock skew in it.
 
 Prints one JSON object: healthy, status, reason, elapsed_s, polls, downtime_s, stop_s, start_to_healthy_s,
-state (systemd properties), journal (the unit's last lines when not healthy), ddtree_log (when healthy: what this
-start's own log lines say about the DDTREE plugin, :func:`ddtree_log`; the journal of the unit's current
-invocation). Exit 0 either way; the caller decides. Read-only.
+the endpoints of those durations as UTC times on the host's clock (stop_began_at: the old server's SIGTERM,
+stop_ended_at: the old server gone, start_began_at: the new server's start, first_healthy_at: the first 200,
+wait_started_at: this script's start; each duration is the difference of its two endpoints), state (systemd
+properties), journal (the unit's last lines when not healthy), ddtree_log (when healthy: what this start's own log
+lines say about the DDTREE plugin, :func:`ddtree_log`; the journal of the unit's current invocation). Exit 0 either
+way; the caller decides. Read-only.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 
 ERROR_RE = re.compile(r"error|exception|traceback|failed|exited|killed|refused", re.IGNORECASE)
 PROPS = (
@@ -137,6 +141,18 @@ def seconds(state: dict[str, str], key: str) -> float | None:
     return int(value) / 1e6 if value.isdigit() and int(value) > 0 else None
 
 
+def wall_clock(offset: float):
+    """CLOCK_MONOTONIC seconds -> UTC ISO time (host clock), with one offset for every endpoint of a run, so the
+    difference of two printed times is the duration computed from the same two monotonic readings."""
+
+    def iso(mono: float | None) -> str | None:
+        if mono is None:
+            return None
+        return datetime.fromtimestamp(mono + offset, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    return iso
+
+
 def dead_reason(state: dict[str, str], baseline_restarts: int) -> str:
     active, sub = state.get("ActiveState", ""), state.get("SubState", "")
     restarts = int(state.get("NRestarts", "0") or 0)
@@ -155,6 +171,7 @@ def main(argv: list[str]) -> int:
     url, unit, timeout = argv[1], argv[2], float(argv[3])
     interval = float(argv[4]) if len(argv) > 4 else 0.25
     start = time.monotonic()
+    iso = wall_clock(time.time() - time.monotonic())
     baseline = unit_state(unit)
     baseline_restarts = int(baseline.get("NRestarts", "0") or 0)
     polls, status, reason, detail = 0, -1, "", ""
@@ -190,6 +207,11 @@ def main(argv: list[str]) -> int:
         "downtime_s": round(healthy_at - stop_began, 3) if status == 200 and stop_began else None,
         "stop_s": round(old_gone - stop_began, 3) if stop_began and old_gone and old_gone >= stop_began else None,
         "start_to_healthy_s": round(healthy_at - new_started, 3) if status == 200 and new_started else None,
+        "wait_started_at": iso(start),
+        "stop_began_at": iso(stop_began),
+        "stop_ended_at": iso(old_gone) if stop_began and old_gone and old_gone >= stop_began else None,
+        "start_began_at": iso(new_started) if status == 200 and new_started else None,
+        "first_healthy_at": iso(healthy_at) if status == 200 else None,
         "state": state,
         "journal": [],
         "ddtree_log": None,

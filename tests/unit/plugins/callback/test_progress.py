@@ -93,8 +93,7 @@ def make(interval: float = 10.0, verbosity: int = 0):
 
 
 HALT = (
-    "Wait for the training run to exit and its GPUs to be released; SIGKILL after, limit and poll interval in s: "
-    "10, 300, 5"
+    "Wait for the training run to exit and its GPUs to be released - SIGKILL after 10 s; limit 300 s, polled every 5 s"
 )
 
 

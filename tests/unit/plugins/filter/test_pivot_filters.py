@@ -302,6 +302,7 @@ def test_unit_header_keeps_leading_comments_only():
 
 def test_filters_are_registered():
     assert set(f.FilterModule().filters()) == {
+        "pivot_report_disagreements",
         "systemd_unit_parse",
         "systemd_unit_header",
         "systemd_exec_lines",

@@ -591,6 +591,19 @@ def test_halt_tree_escalates_only_the_survivor(spawn):
     assert set(result.zombies) <= {polite.pid, stubborn.pid}
 
 
+def test_halt_tree_times_are_the_elapsed_time_apart(spawn):
+    """The halt's wall-clock start and end (the report prints them beside elapsed_s) are elapsed_s apart, even when
+    the wall clock jumps during the halt (it is read once; the end is the start plus the monotonic time)."""
+    stubborn = spawn(IGNORE_TERM)
+    members = [procs.read_process(stubborn.pid)]
+    walls = iter([1_000.0, 5_000.0])  # a second reading would be 4000 s later
+    result = procs.halt_tree(members, signal.SIGTERM, timeout=20, kill_after=0.3, wall=lambda: next(walls))
+    assert result.survivors == [] and result.escalated is True
+    assert result.started_at == 1_000.0
+    assert result.elapsed_s >= 0.3
+    assert abs((result.ended_at - result.started_at) - result.elapsed_s) < 0.0005
+
+
 def test_halt_tree_without_escalation_reports_survivors(spawn):
     stubborn = spawn(IGNORE_TERM)
     members = [procs.read_process(stubborn.pid)]

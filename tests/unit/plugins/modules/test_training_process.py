@@ -8,6 +8,7 @@ fail before any process is looked at.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import os
@@ -126,6 +127,8 @@ def test_documentation_matches_argument_spec():
         "escalated",
         "survivors",
         "elapsed_s",
+        "signalled_at",
+        "ended_at",
         "log",
         "checkpoint",
         "gpu",
@@ -211,6 +214,11 @@ def test_halt_escalates_records_signals_reports_checkpoint_and_is_idempotent(fak
     assert run.worker_pids[0] not in signals(result, "SIGKILL")
     assert run.worker_pids[2] not in signals(result, "SIGKILL")
     assert isinstance(result["elapsed_s"], float)
+    # The halt's two times (host clock) are its own endpoints: elapsed_s apart, the escalation's 2 s within them.
+    signalled, ended = (datetime.datetime.strptime(result[k], "%Y-%m-%dT%H:%M:%S.%fZ")
+                        for k in ("signalled_at", "ended_at"))
+    assert abs((ended - signalled).total_seconds() - result["elapsed_s"]) < 0.002
+    assert result["elapsed_s"] >= 2.0
     assert result["diff"]["before"] == {"running_pids": run.pids}
     assert result["diff"]["after"] == {"running_pids": []}
     assert "escalated to SIGKILL" in result["msg"]
