@@ -132,3 +132,37 @@ def chi2_test(counts: dict, probs: dict, min_expected: float = 5.0) -> float:
         stat += (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-12)
         dof += 1
     return chi2_sf(stat, max(dof, 1))
+
+
+def run_ranks(rank_main, world: int, tmp_path, case: dict, timeout: float) -> list[dict]:
+    """``rank_main(rank, world, rendezvous, out, case)`` in ``world`` spawned processes (gloo on loopback, a file
+    rendezvous under ``tmp_path``); asserts every rank exited 0 and returns what each saved to ``out``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    outs = [tmp_path / f"rank{rank}.pt" for rank in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(rank, world, str(tmp_path / "rendezvous"), str(outs[rank]), case))
+             for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert codes == [0] * world, f"rank exit codes {codes} (the ranks' tracebacks are in the captured stderr)"
+    return [torch.load(out) for out in outs]
+
+
+def assert_ranks_build_the_full_tree(trees: list[dict], full, structure: tuple[str, ...]) -> None:
+    """Every rank's tree equals rank 0's (structure and scores) and the full-vocabulary tree ``full``'s structure,
+    its scores within 1e-5."""
+    for rank, got in enumerate(trees):
+        for field in (*structure, "scores"):
+            assert torch.equal(got[field], trees[0][field]), f"rank {rank}: {field} differs from rank 0"
+        for field in structure:
+            assert torch.equal(got[field], getattr(full, field)), f"rank {rank}: {field} differs from the full tree"
+        valid = torch.isfinite(full.scores)
+        assert torch.equal(torch.isfinite(got["scores"]), valid)
+        assert torch.allclose(got["scores"][valid], full.scores[valid], rtol=0, atol=1e-5)

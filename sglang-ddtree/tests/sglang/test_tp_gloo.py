@@ -10,16 +10,15 @@ order). Rendezvous through a file in tmp_path (no sockets).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
+from ddtree_testlib import assert_ranks_build_the_full_tree, run_ranks
 
 from sglang_ddtree.tree import build_tree
 
 STRUCTURE = ("tokens", "parents", "depths", "ancestors", "first_child", "next_sibling", "num_nodes")
-FIELDS = (*STRUCTURE, "scores")
 
 
 def make_logits(seed: int, bsz: int, depth: int, vocab: int, ties: bool) -> torch.Tensor:
@@ -51,7 +50,7 @@ def rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
         k = min(case["budget"], case["vocab"])
         logprobs, tokens = sharded_candidates(local, rank * shard, k, all_gather, vocab_limit=case["vocab"])
         tree = build_tree_from_topk(logprobs, tokens, case["budget"], backend="torch")
-        torch.save({f: getattr(tree, f) for f in FIELDS}, out)
+        torch.save({f: getattr(tree, f) for f in (*STRUCTURE, "scores")}, out)
     finally:
         dist.destroy_process_group()
 
@@ -67,31 +66,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"world{c['world']}-V{c['vocab']}-N{c['budget']}-ties{c['ties']}")
 def test_every_rank_builds_the_full_vocabulary_tree(case: dict, tmp_path: Path) -> None:
     world = case["world"]
-    ctx = mp.get_context("spawn")
-    store = tmp_path / "rendezvous"
-    procs = []
-    for rank in range(world):
-        out = tmp_path / f"rank{rank}.pt"
-        procs.append(ctx.Process(target=rank_main, args=(rank, world, str(store), str(out), case)))
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0] * world, f"rank exit codes {codes}"
+    trees = run_ranks(rank_main, world, tmp_path, case, timeout=120)
 
     full = build_tree(
         make_logits(case["seed"], case["bsz"], case["depth"], case["vocab"], case["ties"]), case["budget"]
     )
-    trees = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
-    for rank, got in enumerate(trees):
-        for field in FIELDS:
-            assert torch.equal(got[field], trees[0][field]), f"rank {rank}: {field} differs from rank 0"
-        for field in STRUCTURE:
-            assert torch.equal(got[field], getattr(full, field)), f"rank {rank}: {field} differs from the full tree"
-        valid = torch.isfinite(full.scores)
-        assert torch.equal(torch.isfinite(got["scores"]), valid)
-        assert torch.allclose(got["scores"][valid], full.scores[valid], rtol=0, atol=1e-5)
+    assert_ranks_build_the_full_tree(trees, full, STRUCTURE)

@@ -24,18 +24,17 @@ log-sum-exp of the shards' ones).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import types
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from ddtree_testlib import assert_ranks_build_the_full_tree, run_ranks
 
 from sglang_ddtree.tree import build_tree
 
 STRUCTURE = ("tokens", "parents", "depths", "ancestors", "first_child", "next_sibling", "num_nodes", "ranks")
-FIELDS = (*STRUCTURE, "scores")
 JUNK = 1e4  # padding rows: logits far above any real one
 
 
@@ -88,7 +87,7 @@ def rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
             worker.ddtree_budget = case["budget"]
             tree = worker._ddtree_tree_from_hidden(hidden, case["bsz"], head, tp_group, vocab_size=case["vocab"])
             torch.save({"shard": (int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)),
-                        **{f: getattr(tree, f) for f in FIELDS}}, out)
+                        **{f: getattr(tree, f) for f in (*STRUCTURE, "scores")}}, out)
     finally:
         import torch.distributed as dist
 
@@ -106,36 +105,14 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"V{c['vocab']}-N{c['budget']}-ties{c['ties']}")
 def test_two_gloo_ranks_build_the_full_vocabulary_tree_through_sglang_objects(case: dict, tmp_path: Path) -> None:
     world = 2
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=rank_main, args=(rank, world, str(tmp_path / "rendezvous"), str(tmp_path / f"{rank}.pt"),
-                                            case))
-        for rank in range(world)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0] * world, f"rank exit codes {codes} (the ranks' tracebacks are in the captured stderr)"
+    trees = run_ranks(rank_main, world, tmp_path, case, timeout=180)
 
     hidden, weight = make_inputs(case)
     full = build_tree(
         (hidden @ weight.t()).view(case["bsz"], case["depth"], -1), case["budget"], backend="torch"
     )
-    trees = [torch.load(tmp_path / f"{rank}.pt") for rank in range(world)]
     assert trees[0]["shard"][0] == 0 and trees[1]["shard"] == (trees[0]["shard"][1], case["vocab"])  # two shards
-    for rank, got in enumerate(trees):
-        for field in FIELDS:
-            assert torch.equal(got[field], trees[0][field]), f"rank {rank}: {field} differs from rank 0"
-        for field in STRUCTURE:
-            assert torch.equal(got[field], getattr(full, field)), f"rank {rank}: {field} differs from the full tree"
-        valid = torch.isfinite(full.scores)
-        assert torch.equal(torch.isfinite(got["scores"]), valid)
-        assert torch.allclose(got["scores"][valid], full.scores[valid], rtol=0, atol=1e-5)
+    assert_ranks_build_the_full_tree(trees, full, STRUCTURE)
 
 
 # --- the resolver on its own (one process, no group built) -----------------------------------------------------

@@ -43,6 +43,18 @@ def _next_pow2(n: int) -> int:
 
 
 @triton.jit
+def _attend(q, kt, vv, allowed, m_i, l_i, acc, scale_log2):
+    """One online-softmax step: rows ``q`` [R, D] against keys ``kt`` [D, N] where ``allowed`` [R or 1, N], values
+    ``vv`` [N, DV] into the running (max ``m_i``, sum ``l_i``, ``acc``), base-2 exponentials. Returns them."""
+    qk = tl.where(allowed, tl.dot(q, kt) * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+
+
+@triton.jit
 def _tree_attn_kernel(
     Q, K_new, V_new, K_buf, V_buf, Out, Part_acc, Part_ml,
     qo_indptr, kv_indptr, kv_indices, mask_ptr, mask_indptr,
@@ -93,17 +105,9 @@ def _tree_attn_kernel(
         slot = tl.load(kv_indices + kv_start + n, mask=n_ok, other=0).to(tl.int64)
         kt = tl.load(K_buf + slot[None, :] * stride_bkt + h * stride_bkh + d[:, None],
                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        qk = tl.dot(q, kt) * scale_log2
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         vv = tl.load(V_buf + slot[:, None] * stride_bvt + h * stride_bvh + dv[None, :],
                      mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, kt, vv, n_ok[None, :], m_i, l_i, acc, scale_log2)
 
     # the tree block (the first split): node qi sees node t where the mask says so
     if s == 0:
@@ -115,17 +119,9 @@ def _tree_attn_kernel(
         mask_start = tl.load(mask_indptr + b).to(tl.int64)
         cell = mask_start + qi.to(tl.int64)[:, None] * (prefix + q_len) + prefix + t[None, :]
         seen = tl.load(mask_ptr + cell, mask=row_ok[:, None] & t_ok[None, :], other=0) != 0
-        qk = tl.dot(q, kt) * scale_log2
-        qk = tl.where(seen, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         vv = tl.load(V_new + ttok[:, None] * stride_vt + h * stride_vh + dv[None, :],
                      mask=t_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, kt, vv, seen, m_i, l_i, acc, scale_log2)
 
     if (S == 1) | (prefix <= chunk):  # the first program had the whole request: its result is final
         if s == 0:
