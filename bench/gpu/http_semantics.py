@@ -131,7 +131,7 @@ def request(url: str, body: Any = None, timeout: float = 120.0, method: str | No
         resp = conn.getresponse()
         text = resp.read().decode(errors="replace")
         return Reply(resp.status, text, None, time.monotonic() - t0)
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return Reply(None, "", f"no answer within {timeout:g} s", time.monotonic() - t0)
     except (OSError, http.client.HTTPException) as exc:
         return Reply(None, "", f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
@@ -192,7 +192,7 @@ def stream(url: str, body: Any, timeout: float = 120.0, abort_after: int | None 
                 return StreamResult(200, chunks, False, True, None)
         chunks, done = parse_sse(lines)
         return StreamResult(200, chunks, done, False, None if done else "the stream ended without [DONE]")
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         chunks, _ = parse_sse(lines)
         return StreamResult(None, chunks, False, False, f"no answer within {timeout:g} s")
     except (OSError, http.client.HTTPException) as exc:
@@ -371,7 +371,7 @@ def catalogue(
         Case("empty prompt", GENERATE, _generate(prompt, ignore_eos=True, text=""), "text", changes_plain=False),
         Case(f"prompt at the context limit ({context_length} tokens in all)", GENERATE,
              _generate((prompt * (context_length // len(prompt) + 1))[: context_length - NEW_TOKENS],
-                       ignore_eos=True), "max_new_tokens", changes_plain=False),
+                       ignore_eos=True), "context", changes_plain=False),
         Case("prompt past the context limit (prompt alone = limit)", GENERATE,
              _generate((prompt * (context_length // len(prompt) + 1))[:context_length], ignore_eos=True),
              "context", changes_plain=False),
@@ -515,7 +515,8 @@ def classify(
         else:
             why = "not decidable here"
         row.verdict = DIFFERS
-        row.detail = f"{where}first difference at {unit} {pos} ({why}): none {b[pos:pos + 4]} vs DDTREE {c[pos:pos + 4]}"
+        row.detail = (f"{where}first difference at {unit} {pos} ({why}): none {b[pos:pos + 4]} vs DDTREE "
+                      f"{c[pos:pos + 4]}")
         return row
     if case.logprobs:
         ok, detail = compare_logprobs(case.endpoint, b_data, c_data, logprob_tol)
@@ -717,7 +718,8 @@ def load_generation_compare() -> Callable[..., dict]:
     except ImportError:
         stub = types.ModuleType("ansible.errors")
         stub.AnsibleFilterError = type("AnsibleFilterError", (Exception,), {})
-        sys.modules.setdefault("ansible", types.ModuleType("ansible"))
+        if not isinstance(sys.modules.get("ansible"), types.ModuleType):
+            sys.modules["ansible"] = types.ModuleType("ansible")
         sys.modules["ansible.errors"] = stub
     import importlib
 
@@ -825,7 +827,7 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
     for name, url in (("DDTREE", cand_url), ("none", base_url)):
         health[name] = request(url + "/health", timeout=30).status
         before, source = idle[name]
-        after, waited = wait_idle(url, before, 60) if before is not None else (None, 0.0)
+        after, _waited = wait_idle(url, before, 60) if before is not None else (None, 0.0)
         kv[name] = (before, after, source if before is not None else source[:120])
     rows.append(after_row(GENERATE, health, kv))
     log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
