@@ -230,9 +230,9 @@ def test_catalogue_builds_each_feature_from_the_plain_answer():
     assert gen("max_new_tokens")["sampling_params"]["max_new_tokens"] == 1
     assert gen("text")["text"] == "" and "input_ids" not in gen("text")
     assert gen("return_logprob")["return_logprob"] is True and gen("return_logprob")["top_logprobs_num"] == 5
-    at_limit = [c for c in cases if c.feature.startswith("prompt at the context limit")][0].body
+    at_limit = next(c for c in cases if c.feature.startswith("prompt at the context limit")).body
     assert len(at_limit["input_ids"]) + at_limit["sampling_params"]["max_new_tokens"] == 256
-    past = [c for c in cases if c.feature.startswith("prompt past the context limit")][0].body
+    past = next(c for c in cases if c.feature.startswith("prompt past the context limit")).body
     assert len(past["input_ids"]) == 256
     chat = lambda option: by[(hs.CHAT, option)].body  # noqa: E731
     assert chat("logit_bias")["logit_bias"] == {"603": -100.0}  # from the chat answer's own ids
@@ -254,7 +254,7 @@ def test_tie_probe_asks_the_baseline_for_top_2():
     gen = hs.tie_probe_body(c[1])
     assert gen["return_logprob"] is True and gen["top_logprobs_num"] == 2
     assert "return_logprob" not in c[1].body  # the original is untouched
-    chat = hs.tie_probe_body([x for x in c if x.endpoint == hs.CHAT][0])
+    chat = hs.tie_probe_body(next(x for x in c if x.endpoint == hs.CHAT))
     assert chat["logprobs"] is True and chat["top_logprobs"] == 2
 
 
@@ -475,9 +475,9 @@ def test_live_rows_against_the_lab_standin_twice(standin_servers):
                                                                          unsupported)
     assert any(f.startswith("stop string") for f in unsupported)
     assert all(r.verdict == hs.UNSUPPORTED for r in rows if r.endpoint == hs.CHAT)
-    concurrent = [r for r in rows if "concurrent mixed" in r.feature][0]
+    concurrent = next(r for r in rows if "concurrent mixed" in r.feature)
     assert concurrent.verdict == hs.UNSUPPORTED and "32/32 finished outputs equal" in concurrent.detail
-    after = [r for r in rows if r.feature.startswith("after the concurrent run")][0]
+    after = next(r for r in rows if r.feature.startswith("after the concurrent run"))
     assert after.verdict == hs.UNSUPPORTED and "/health 200" in after.detail
-    probe = [r for r in rows if r.feature.startswith("pivot generation probe")][0]
+    probe = next(r for r in rows if r.feature.startswith("pivot generation probe"))
     assert probe.verdict == hs.SAME and "5/5 prompts agree" in probe.detail, probe
