@@ -557,8 +557,8 @@ def run_concurrent(base_url: str, plan: list[dict], timeout: float) -> list[dict
         last = s.chunks[-1] if s.chunks else {}
         return {"status": s.status, "error": s.error, "message": s.text[:300], "done": s.done, "aborted": s.aborted,
                 "events": len(s.chunks), "output_ids": last.get("output_ids") if isinstance(last, dict) else None,
-                "finish_reason": ((last.get("meta_info") or {}).get("finish_reason")) if isinstance(last, dict)
-                else None}
+                "completion_tokens": ((last.get("meta_info") or {}).get("completion_tokens"))
+                if isinstance(last, dict) else None}
 
     with concurrent.futures.ThreadPoolExecutor(len(plan)) as pool:
         results = list(pool.map(one, plan))
@@ -583,12 +583,16 @@ def judge_concurrency(results: list[dict]) -> tuple[str, str, dict[str, int]]:
             if not ok:
                 bad.append(f"#{r['index']} abort: events {r.get('events')}, done {r.get('done')} {r.get('error')}")
         else:
+            # a stream's last event: completion_tokens counts the whole answer (its output_ids are only the last
+            # piece when the server streams incrementally, --incremental-streaming-output)
             ids = r.get("output_ids")
-            ok = isinstance(ids, list) and len(ids) == r["max_new_tokens"] and (r["kind"] == "plain" or r.get("done"))
+            got = len(ids) if isinstance(ids, list) else None
+            if r["kind"] == "stream":
+                got = r.get("completion_tokens") if r.get("completion_tokens") is not None else got
+            ok = got == r["max_new_tokens"] and (r["kind"] == "plain" or bool(r.get("done")))
             counts["complete" if ok else "bad"] += 1
             if not ok:
-                bad.append(f"#{r['index']} {r['kind']}: {len(ids) if isinstance(ids, list) else None} of "
-                           f"{r['max_new_tokens']} tokens, done {r.get('done')}")
+                bad.append(f"#{r['index']} {r['kind']}: {got} of {r['max_new_tokens']} tokens, done {r.get('done')}")
     state = "failed" if bad else ("stream refused" if counts["refused_stream"] else "ok")
     detail = ", ".join(f"{v} {k}" for k, v in counts.items() if v) + (f"; {'; '.join(bad[:4])}" if bad else "")
     return state, detail, counts
@@ -601,12 +605,10 @@ def concurrency_row(base: list[dict], cand: list[dict]) -> Row:
               FAILED, f"DDTREE: {c_detail}; none: {b_detail}")
     if c_state == "failed" or b_state == "failed":
         return row
-    diffs = [b["index"] for b, c in zip(base, cand, strict=True)
-             if b["kind"] != "abort" and b.get("output_ids") is not None and c.get("output_ids") is not None
-             and b["output_ids"] != c["output_ids"]]
-    compared = sum(1 for b, c in zip(base, cand, strict=True) if b["kind"] != "abort" and b.get("output_ids")
-                   is not None and c.get("output_ids") is not None)
-    row.detail += f"; {compared - len(diffs)}/{compared} finished outputs equal"
+    pairs = [(b, c) for b, c in zip(base, cand, strict=True)
+             if b["kind"] == "plain" and b.get("output_ids") is not None and c.get("output_ids") is not None]
+    diffs = [b["index"] for b, c in pairs if b["output_ids"] != c["output_ids"]]
+    row.detail += f"; {len(pairs) - len(diffs)}/{len(pairs)} plain outputs equal"
     if diffs:
         row.verdict = DIFFERS
         row.detail += f" (differ: {diffs[:8]})"

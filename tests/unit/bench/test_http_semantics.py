@@ -307,14 +307,23 @@ def constructed_results(ddtree_bad=None, refuse_streams=False):
 def test_concurrency_row_verdicts():
     good = hs.concurrency_row(constructed_results(), constructed_results())
     assert good.verdict == hs.SAME and "6 complete" in good.detail and "2 aborted" in good.detail
-    assert "6/6 finished outputs equal" in good.detail
+    assert "4/4 plain outputs equal" in good.detail
     broken = hs.concurrency_row(constructed_results(), constructed_results(ddtree_bad=2))
     assert broken.verdict == hs.FAILED and "#2" in broken.detail
     short = constructed_results()
-    short[0] = dict(short[0], output_ids=short[0]["output_ids"][:-1])
+    short[0] = dict(short[0], output_ids=short[0]["output_ids"][:-1])  # a stream that ended a token short
     assert hs.concurrency_row(constructed_results(), short).verdict == hs.FAILED
+    incremental = constructed_results()  # last event carries only the last piece; completion_tokens the whole
+    incremental[0] = dict(incremental[0], output_ids=[3], completion_tokens=incremental[0]["max_new_tokens"])
+    assert hs.concurrency_row(constructed_results(), incremental).verdict == hs.SAME
+    no_done = constructed_results()
+    no_done[0] = dict(no_done[0], done=False, error="the stream ended without [DONE]")
+    assert hs.concurrency_row(constructed_results(), no_done).verdict == hs.FAILED
+    plain_short = constructed_results()
+    plain_short[2] = dict(plain_short[2], output_ids=plain_short[2]["output_ids"][:-1])
+    assert hs.concurrency_row(constructed_results(), plain_short).verdict == hs.FAILED
     refused = hs.concurrency_row(constructed_results(refuse_streams=True), constructed_results(refuse_streams=True))
-    assert refused.verdict == hs.UNSUPPORTED and "4/4 finished outputs equal" in refused.detail
+    assert refused.verdict == hs.UNSUPPORTED and "4/4 plain outputs equal" in refused.detail
     other = constructed_results()
     other[2] = dict(other[2], output_ids=[7] * other[2]["max_new_tokens"])
     assert hs.concurrency_row(constructed_results(), other).verdict == hs.DIFFERS
@@ -476,7 +485,7 @@ def test_live_rows_against_the_lab_standin_twice(standin_servers):
     assert any(f.startswith("stop string") for f in unsupported)
     assert all(r.verdict == hs.UNSUPPORTED for r in rows if r.endpoint == hs.CHAT)
     concurrent = next(r for r in rows if "concurrent mixed" in r.feature)
-    assert concurrent.verdict == hs.UNSUPPORTED and "32/32 finished outputs equal" in concurrent.detail
+    assert concurrent.verdict == hs.UNSUPPORTED and "32/32 plain outputs equal" in concurrent.detail
     after = next(r for r in rows if r.feature.startswith("after the concurrent run"))
     assert after.verdict == hs.UNSUPPORTED and "/health 200" in after.detail
     probe = next(r for r in rows if r.feature.startswith("pivot generation probe"))
