@@ -286,6 +286,9 @@ class Engine:
 class LabServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog is 5: 64 clients connecting at once (bench/gpu/http_semantics.py's concurrent
+    # row) got connection resets. Uvicorn, which SGLang serves with, listens with a backlog of 2048.
+    request_queue_size = 2048
 
     def __init__(self, address: tuple[str, int], args: argparse.Namespace, algorithm: Any,
                  argv: Sequence[str]) -> None:

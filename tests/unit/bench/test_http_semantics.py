@@ -1,8 +1,9 @@
 """bench/gpu/http_semantics.py on the CPU: the HTTP client, the request catalogue, the comparison (token equality,
 near-tie accounting, logprob tolerance, 400 classification), the concurrency and KV judgements and the table, on
-CONSTRUCTED responses (built here in SGLang 0.5.17's shapes, named ``constructed_*``), and, in the slow test at the
+CONSTRUCTED responses (built here in SGLang 0.5.17's shapes, named ``constructed_*``), and, in the live test at the
 end, the client and the comparison over real HTTP against the LAB STAND-IN server (lab/sglang_lab_server) started
-twice on this host. The GPU run against the real SGLang is bench/gpu/run_all.sh's http-semantics step."""
+twice on this host (about 35 s on a 2-CPU machine, models included: not marked slow). The GPU run against the real
+SGLang is bench/gpu/run_all.sh's http-semantics step."""
 
 from __future__ import annotations
 
@@ -459,7 +460,6 @@ def standin_servers(tmp_path_factory):
             server.stop()
 
 
-@pytest.mark.slow
 def test_live_rows_against_the_lab_standin_twice(standin_servers):
     """Client and comparison over real HTTP: what the stand-in implements compares token by token, what it lacks
     comes out as "not supported by this server" (its 400 names the field, or 404 for chat), never as a pass."""
