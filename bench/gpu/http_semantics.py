@@ -388,16 +388,16 @@ def catalogue(
         Case(f"logit_bias -100 on token {cp[2]}", CHAT,
              _chat(chat_content, ignore_eos=True, logit_bias={str(cp[2]): -100.0}), "logit_bias"),
         Case(f"min_tokens 12, stop token {cp[3]}", CHAT, _chat(chat_content, stop_token_ids=[cp[3]], min_tokens=12),
-             "min_tokens"),
+             "min_tokens|min_new_tokens"),
         Case(f"stop_token_ids [{cp[5]}]", CHAT, _chat(chat_content, stop_token_ids=[cp[5]]), "stop_token_ids"),
         Case(f"custom logit processor (disallow {cp[1]}, {cp[4]})", CHAT,
              _chat(chat_content, ignore_eos=True, custom_logit_processor=processor,
                    custom_params={"token_ids": [cp[1], cp[4]]}), "custom_logit_processor"),
         Case("n 2", CHAT, _chat(chat_content, ignore_eos=True, n=2), "n", changes_plain=False),
-        Case("max_tokens 1", CHAT, _chat(chat_content, ignore_eos=True, max_tokens=1), "max_tokens"),
+        Case("max_tokens 1", CHAT, _chat(chat_content, ignore_eos=True, max_tokens=1), "max_tokens|max_new_tokens"),
         Case("empty message", CHAT, _chat("", ignore_eos=True), "content", changes_plain=False),
         Case("logprobs, top_logprobs 5", CHAT, _chat(chat_content, ignore_eos=True, logprobs=True, top_logprobs=5),
-             "logprobs", logprobs=True, changes_plain=False),
+             "logprobs|top_logprobs|return_logprob", logprobs=True, changes_plain=False),
     ]
     if stop_text:
         cases.insert(7, Case(f"stop string {stop_text!r}", GENERATE, _generate(prompt, stop=[stop_text]), "stop"))
@@ -429,10 +429,14 @@ class Row:
 
 
 def names_option(message: str, option: str) -> bool:
-    """Whether a refusal names the option (``sampling_params.n`` / ``n`` as a word, case-insensitive)."""
-    if not option:
-        return False
-    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(option)}(?![A-Za-z0-9_])", message, re.IGNORECASE) is not None
+    """Whether a refusal names the option (``sampling_params.n`` / ``n`` as a word, case-insensitive). ``option``
+    may list the names it goes by, ``|``-separated: the chat API's ``logprobs`` reaches SGLang's check as
+    ``return_logprob`` (whose refusal names that)."""
+    return any(
+        re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message, re.IGNORECASE) is not None
+        for name in option.split("|")
+        if name
+    )
 
 
 def _answer(reply: Reply) -> str:
@@ -468,7 +472,7 @@ def classify(
         if base.status == 400 and cand.status == 400 and names_option(base.message(), case.option) and \
                 names_option(cand.message(), case.option) and case.option not in ("text", "content", "context"):
             row.verdict = UNSUPPORTED
-            row.detail = f"both 400 naming {case.option}: {cand.message()[:160]}"
+            row.detail = f"both 400 naming {case.option.replace('|', ' or ')}: {cand.message()[:160]}"
         elif base.status == cand.status == 400:
             row.verdict, row.detail = SAME, f"both refuse it: DDTREE {_answer(cand)}; none {_answer(base)}"
         else:
@@ -478,7 +482,8 @@ def classify(
         if cand.status == 400 and names_option(cand.message(), case.option):
             row.verdict, row.detail = CLEAR_400, cand.message()[:200]
         else:
-            row.detail = f"DDTREE {_answer(cand)} (does not name {case.option or 'the option'}); none answers 200"
+            named = case.option.replace("|", " or ") or "the option"
+            row.detail = f"DDTREE {_answer(cand)} (does not name {named}); none answers 200"
         return row
     if cand.status == 200 and base.status != 200:
         row.verdict, row.detail = DIFFERS, f"DDTREE answers 200, no speculation {_answer(base)}"
@@ -783,7 +788,7 @@ def exit_status(rows: list[Row]) -> int:
 def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: str, context_length: int,
                 processor: str | None, timeout: float = 120.0, tie_threshold: float = 1.0,
                 logprob_tol: float = 0.1, concurrency: int = 64, probe: bool = True,
-                log: Callable[[str], None] = print) -> list[Row]:
+                log: Callable[[str], None] = print, vocab: int = 1005) -> list[Row]:
     """Every row, against two running servers (the baseline ``base_url`` without speculation, ``cand_url``)."""
     rows: list[Row] = []
     plain_body = _generate(prompt, ignore_eos=True)
@@ -820,7 +825,7 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
     for name, url in (("DDTREE", cand_url), ("none", base_url)):
         request(url + "/flush_cache", {}, 30)
         idle[name] = used_tokens(url)
-    prompts = [[(t * (k + 3) + k) % 1000 + 5 for t in prompt] for k in range(8)]
+    prompts = [[(t * (k + 3) + k) % (vocab - 5) + 5 for t in prompt] for k in range(8)]  # ids 0-4: specials
     plan = concurrent_plan(prompts, concurrency)
     results = {name: run_concurrent(url, plan, timeout) for name, url in (("DDTREE", cand_url), ("none", base_url))}
     rows.append(concurrency_row(results["none"], results["DDTREE"]))
@@ -950,10 +955,11 @@ def main(argv: list[str] | None = None) -> int:
             processor = serialized_disallowed_tokens_processor()
         except ImportError:
             processor = None
-        prompt = [(37 * i + 11) % 900 + 5 for i in range(24)]
+        vocab = int(json.loads((args.models / "target" / "config.json").read_text())["vocab_size"])
+        prompt = [(37 * i + 11) % (min(vocab, 1005) - 5) + 5 for i in range(24)]  # ids 0-4: the tiny specials
         rows = compare_all(servers["none"].url, servers["DDTREE"].url, prompt,
                            "Tell me a short story about a tree.", args.context_length, processor, args.timeout,
-                           args.tie_margin, args.logprob_tol)
+                           args.tie_margin, args.logprob_tol, vocab=vocab)
     finally:
         for server in servers.values():
             server.stop()

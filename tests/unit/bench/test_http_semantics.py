@@ -65,6 +65,8 @@ def case(option="frequency_penalty", endpoint=hs.GENERATE, logprobs=False, chang
         ("min_new_tokens must be >= 0", "max_new_tokens", False),
         ("Frequency_Penalty out of range", "frequency_penalty", True),
         ("anything", "", False),
+        ("DFLASH speculative decoding does not support return_logprob yet.", "logprobs|return_logprob", True),
+        ("DFLASH speculative decoding does not support return_logprob yet.", "logprobs", False),
     ],
 )
 def test_names_option_is_a_whole_word(message, option, named):
@@ -237,8 +239,10 @@ def test_catalogue_builds_each_feature_from_the_plain_answer():
     assert len(past["input_ids"]) == 256
     chat = lambda option: by[(hs.CHAT, option)].body  # noqa: E731
     assert chat("logit_bias")["logit_bias"] == {"603": -100.0}  # from the chat answer's own ids
-    assert chat("min_tokens")["stop_token_ids"] == [604] and chat("min_tokens")["min_tokens"] == 12
-    assert chat("logprobs")["top_logprobs"] == 5 and chat("logprobs")["return_token_ids"] is True
+    min_tokens = chat("min_tokens|min_new_tokens")
+    assert min_tokens["stop_token_ids"] == [604] and min_tokens["min_tokens"] == 12
+    chat_logprobs = chat("logprobs|top_logprobs|return_logprob")
+    assert chat_logprobs["top_logprobs"] == 5 and chat_logprobs["return_token_ids"] is True
     assert all(c.body.get("temperature", c.body.get("sampling_params", {}).get("temperature")) == 0 for c in cases)
 
 
