@@ -865,9 +865,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def sglang_argv(models: Path, port: int, algo: str, budget: int, context_length: int) -> list[str]:
+def sglang_argv(models: Path, port: int, algo: str, budget: int, context_length: int,
+                module: str = "sglang.launch_server") -> list[str]:
     """``python -m sglang.launch_server`` for one of the two servers (CUDA graphs on: nothing disables them)."""
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(models / "target"),
+    argv = [sys.executable, "-m", module, "--model-path", str(models / "target"),
             "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "triton",
             "--sampling-backend", "pytorch", "--enable-custom-logit-processor", "--enable-metrics",
             "--mem-fraction-static", "0.3", "--context-length", str(context_length),
@@ -935,6 +936,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=420.0)
     ap.add_argument("--tie-margin", type=float, default=1.0)
     ap.add_argument("--logprob-tol", type=float, default=0.1)
+    ap.add_argument("--server-module", default="sglang.launch_server",
+                    help="the module both servers run (the CPU test: sglang_lab_server, the LAB STAND-IN, which "
+                    "parses the same flags)")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     import sglang
@@ -942,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     servers = {}
     for name, algo in (("none", "none"), ("DDTREE", "DDTREE")):
         port = free_port()
-        servers[name] = Server(sglang_argv(args.models, port, algo, args.budget, args.context_length),
+        servers[name] = Server(sglang_argv(args.models, port, algo, args.budget, args.context_length,
+                                           args.server_module),
                                f"http://127.0.0.1:{port}", args.work / f"server-{name}.log")
     try:
         for name, server in servers.items():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -438,40 +437,37 @@ def test_sglang_argv_parses_with_sglang_0_5_17():
 
 # ------------------------------------------------------------------------------------------------ live: LAB STAND-IN
 @pytest.fixture(scope="module")
-def standin_servers(tmp_path_factory):
-    """The LAB STAND-IN (lab/sglang_lab_server) twice on loopback: target-only decoding (the baseline) and its
-    DDTREE reference engine; started with http_semantics.Server, as the GPU run starts the real servers."""
-    models = LAB / ".build" / "models"
-    made = subprocess.run([sys.executable, str(LAB / "make_tiny_models.py"), str(models)], capture_output=True,
+def standin_models(tmp_path_factory) -> Path:
+    """The lab's tiny pair (lab/make_tiny_models.py) in the layout the script takes: MODELS/target, MODELS/drafter."""
+    built = LAB / ".build" / "models"
+    made = subprocess.run([sys.executable, str(LAB / "make_tiny_models.py"), str(built)], capture_output=True,
                           text=True, timeout=300, check=False)
     assert made.returncode == 0, made.stderr
-    work = tmp_path_factory.mktemp("standin")
-    env = dict(os.environ, PYTHONPATH=str(LAB))
-    common = ["--model-path", str(models / "Qwen3-tiny"), "--context-length", "256", "--host", "127.0.0.1"]
-    servers = {}
-    for name, spec in (("none", []), ("DDTREE", ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path",
-                                                 str(models / "Qwen3-tiny-DFlash"), "--speculative-num-draft-tokens",
-                                                 "9"])):
-        port = hs.free_port()
-        argv = [sys.executable, "-m", "sglang_lab_server", *common, "--port", str(port), *spec]
-        servers[name] = hs.Server(argv, f"http://127.0.0.1:{port}", work / f"{name}.log", env)
-    try:
-        for server in servers.values():
-            assert server.wait_ready(360) is None, server.log.read_text()[-3000:]
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
+    models = tmp_path_factory.mktemp("models")
+    (models / "target").symlink_to(built / "Qwen3-tiny")
+    (models / "drafter").symlink_to(built / "Qwen3-tiny-DFlash")
+    return models
 
 
-def test_live_rows_against_the_lab_standin_twice(standin_servers):
-    """Client and comparison over real HTTP: what the stand-in implements compares token by token, what it lacks
-    comes out as "not supported by this server" (its 400 names the field, or 404 for chat), never as a pass."""
-    base, cand = standin_servers["none"].url, standin_servers["DDTREE"].url
-    rows = hs.compare_all(base, cand, PROMPT, "Tell me a short story about a tree.", 256,
-                          hs.serialized_disallowed_tokens_processor(), timeout=300, concurrency=64, log=lambda s: None)
+def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path, monkeypatch, capsys):
+    """The whole script over real HTTP, its servers being the LAB STAND-IN (lab/sglang_lab_server, which parses
+    SGLang's own flags) twice: target-only decoding and its DDTREE reference engine. What the stand-in implements
+    compares token by token; what it lacks comes out as "not supported by this server" (its 400 names the field,
+    or 404 for chat), never as a pass; the table and the JSON are written and the exit status is 0."""
+    monkeypatch.setenv("PYTHONPATH", str(LAB))
+    results = tmp_path / "results"
+    status = hs.main(["--models", str(standin_models), "--work", str(tmp_path / "work"), "--budget", "8",
+                      "--context-length", "256", "--gpu", "lab-standin", "--results", str(results),
+                      "--server-module", "sglang_lab_server", "--timeout", "300"])
+    out = capsys.readouterr().out
+    md = list(results.glob("http-semantics-lab-standin-*.md"))
+    assert len(md) == 1, out[-3000:]
+    record = json.loads(md[0].with_suffix(".json").read_text())
+    rows = [hs.Row(**r) for r in record["rows"]]
+    assert status == 0 == hs.exit_status(rows), md[0].read_text()
+    assert "| feature | endpoint | DDTREE vs none verdict | detail |" in md[0].read_text()
+    assert "sglang_lab_server" in record["servers"]["DDTREE"] and "DDTREE" in record["servers"]["DDTREE"]
     by = {(r.endpoint, r.feature.split(" (")[0].split(" [")[0]): r for r in rows}
-    assert hs.exit_status(rows) == 0, hs.render(rows, {})
     assert by[(hs.GENERATE, "greedy")].verdict == hs.SAME
     stop = by[(hs.GENERATE, "stop_token_ids")]
     assert stop.verdict == hs.SAME and "no effect" not in stop.detail  # it stops before max_new_tokens
@@ -484,9 +480,8 @@ def test_live_rows_against_the_lab_standin_twice(standin_servers):
         row = by[(hs.GENERATE, feature)]
         assert row.verdict == hs.UNSUPPORTED and "LAB STAND-IN" in row.detail, row
     unsupported = {r.feature for r in rows if r.verdict == hs.UNSUPPORTED}
-    assert any(f.startswith("logit_bias") for f in unsupported) and any(f.startswith("min_new_tokens") for f in
-                                                                         unsupported)
-    assert any(f.startswith("stop string") for f in unsupported)
+    for prefix in ("logit_bias", "min_new_tokens", "stop string"):
+        assert any(f.startswith(prefix) for f in unsupported), prefix
     assert all(r.verdict == hs.UNSUPPORTED for r in rows if r.endpoint == hs.CHAT)
     concurrent = next(r for r in rows if "concurrent mixed" in r.feature)
     assert concurrent.verdict == hs.UNSUPPORTED and "32/32 plain outputs equal" in concurrent.detail
