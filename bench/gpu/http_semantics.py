@@ -406,6 +406,19 @@ def catalogue(
     return cases
 
 
+def margin_if_same_prefix(endpoint: str, base_data: Any, probe: Reply, pos: int) -> float | None:
+    """The tie margin at ``pos`` of the baseline's logprob-carrying repeat of a request (``probe``), provided it
+    produced the same ids up to and including ``pos`` as the baseline's answer ``base_data`` (else the margin
+    would be of another prefix): None otherwise. The margin is of the logits greedy picks from: SGLang's Sampler
+    takes log_softmax of the logits after penalties, logit_bias and custom processors."""
+    if probe.status != 200:
+        return None
+    base_ids, probe_ids = output_ids(endpoint, base_data), output_ids(endpoint, probe.data)
+    if not base_ids or not probe_ids or base_ids[0][: pos + 1] != probe_ids[0][: pos + 1]:
+        return None
+    return tie_margin(top_logprobs_at(endpoint, probe.data, pos))
+
+
 def tie_probe_body(case: Case) -> dict:
     """The baseline request again, asking for the top-2 logprobs at every output position."""
     body = json.loads(json.dumps(case.body))
@@ -809,11 +822,9 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
         base = request(base_url + case.endpoint, case.body, timeout)
         cand = request(cand_url + case.endpoint, case.body, timeout)
 
-        def margin_at(pos: int, case: Case = case) -> float | None:
+        def margin_at(pos: int, case: Case = case, base: Reply = base) -> float | None:
             probe_reply = request(base_url + case.endpoint, tie_probe_body(case), timeout)
-            if probe_reply.status != 200:
-                return None
-            return tie_margin(top_logprobs_at(case.endpoint, probe_reply.data, pos))
+            return margin_if_same_prefix(case.endpoint, base.data, probe_reply, pos)
 
         row = classify(case, base, cand, margin_at, tie_threshold, logprob_tol,
                        plain=plain if case.endpoint == GENERATE else (chat_ids[0] if chat_ids else None))
@@ -852,7 +863,7 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
             body = {"text": prompts_text[index], "return_logprob": True, "top_logprobs_num": 2,
                     "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}
             r = request(base_url + GENERATE, body, timeout)
-            return tie_margin(top_logprobs_at(GENERATE, r.data, pos)) if r.status == 200 else None
+            return margin_if_same_prefix(GENERATE, before_run["results"][index], r, pos)
 
         rows.append(probe_row(before_run, after_run, comparison, probe_margin, tie_threshold))
         log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")

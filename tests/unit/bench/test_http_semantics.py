@@ -253,6 +253,16 @@ def test_catalogue_without_a_processor_or_with_a_short_answer():
         hs.catalogue(PROMPT, PLAIN[:5], "abc", "hi", None, 256, None)
 
 
+def test_margin_is_read_only_from_a_repeat_with_the_same_prefix():
+    base = json.loads(constructed_generate([5, 6, 7]).text)
+    same = constructed_generate([5, 6, 8], top=[[(5, -0.1), (1, -3.0)], [(6, -0.5), (2, -0.8)], [(8, -1), (7, -2)]])
+    assert hs.margin_if_same_prefix(hs.GENERATE, base, same, 1) == pytest.approx(0.3)
+    assert hs.margin_if_same_prefix(hs.GENERATE, base, same, 2) is None  # the repeat went elsewhere at 2
+    assert hs.margin_if_same_prefix(hs.GENERATE, base, constructed_error(400, "no"), 1) is None
+    # the probe's answers (generation_probe.py results) carry output_ids the same way
+    assert hs.margin_if_same_prefix(hs.GENERATE, {"output_ids": [5, 6]}, same, 0) == pytest.approx(2.9)
+
+
 def test_tie_probe_asks_the_baseline_for_top_2():
     c = hs.catalogue(PROMPT, PLAIN, "abcdefghij", "hi", None, 256, None)
     gen = hs.tie_probe_body(c[1])
