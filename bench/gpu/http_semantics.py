@@ -811,12 +811,20 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
                     _answer(plain_reply))]
     plain = output_ids(GENERATE, plain_reply.data)[0]
     plain_text = (output_texts(GENERATE, plain_reply.data) or [""])[0]
-    chat_reply = request(base_url + CHAT, _chat(chat_content, ignore_eos=True), timeout)
+    models = request(base_url + "/v1/models", timeout=30).data
+    try:  # the served model's name, as an OpenAI client would send it
+        model = str(models["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        model = "default"
+    chat_reply = request(base_url + CHAT, dict(_chat(chat_content, ignore_eos=True), model=model), timeout)
     chat_ids = output_ids(CHAT, chat_reply.data) if chat_reply.status == 200 else None
     cases = catalogue(prompt, plain, plain_text, chat_content, chat_ids[0] if chat_ids else None,
                       context_length, processor)
+    for case in cases:
+        if case.endpoint == CHAT:
+            case.body["model"] = model
     if processor is None:
-        rows.append(Row("custom logit processor", GENERATE, UNSUPPORTED,
+        rows.append(Row("custom logit processor", GENERATE, FAILED,  # not measured: the run must say so
                         "not sent: sglang is not importable by this client, so the processor cannot be serialized"))
     for case in cases:
         base = request(base_url + case.endpoint, case.body, timeout)
