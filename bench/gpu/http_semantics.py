@@ -834,8 +834,11 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
             probe_reply = request(base_url + case.endpoint, tie_probe_body(case), timeout)
             return margin_if_same_prefix(case.endpoint, base.data, probe_reply, pos)
 
-        row = classify(case, base, cand, margin_at, tie_threshold, logprob_tol,
-                       plain=plain if case.endpoint == GENERATE else (chat_ids[0] if chat_ids else None))
+        try:
+            row = classify(case, base, cand, margin_at, tie_threshold, logprob_tol,
+                           plain=plain if case.endpoint == GENERATE else (chat_ids[0] if chat_ids else None))
+        except Exception as exc:  # an answer of a shape classify does not know: the row says so
+            row = Row(case.feature, case.endpoint, FAILED, f"classify raised {type(exc).__name__}: {exc}")
         log(f"{row.endpoint} {row.feature}: {row.verdict} ({row.detail})")
         rows.append(row)
 
@@ -859,23 +862,32 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
     log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
 
     if probe:
-        prompts_text, max_new = role_prompts()
-        before_run, after_run = run_probe(base_url, prompts_text, max_new), run_probe(cand_url, prompts_text, max_new)
         try:
-            comparison = load_generation_compare()(before_run, after_run, 0, 0, 0)
-        except Exception as exc:  # the row says so
-            comparison = None
-            before_run = dict(before_run, ok=False, error=f"generation_compare raised {type(exc).__name__}: {exc}")
-
-        def probe_margin(index: int, pos: int) -> float | None:
-            body = {"text": prompts_text[index], "return_logprob": True, "top_logprobs_num": 2,
-                    "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}
-            r = request(base_url + GENERATE, body, timeout)
-            return margin_if_same_prefix(GENERATE, before_run["results"][index], r, pos)
-
-        rows.append(probe_row(before_run, after_run, comparison, probe_margin, tie_threshold))
+            rows.append(probe_rows(base_url, cand_url, timeout, tie_threshold))
+        except Exception as exc:  # e.g. no yaml to read the role's defaults with: the row says so
+            rows.append(Row("pivot generation probe + generation_compare (role defaults' prompts)", GENERATE, FAILED,
+                            f"{type(exc).__name__}: {exc}"))
         log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
     return rows
+
+
+def probe_rows(base_url: str, cand_url: str, timeout: float, tie_threshold: float) -> Row:
+    """The pivot's generation probe against both servers, compared by the role's filter."""
+    prompts_text, max_new = role_prompts()
+    before_run, after_run = run_probe(base_url, prompts_text, max_new), run_probe(cand_url, prompts_text, max_new)
+    try:
+        comparison = load_generation_compare()(before_run, after_run, 0, 0, 0)
+    except Exception as exc:  # the row says so
+        comparison = None
+        before_run = dict(before_run, ok=False, error=f"generation_compare raised {type(exc).__name__}: {exc}")
+
+    def probe_margin(index: int, pos: int) -> float | None:
+        body = {"text": prompts_text[index], "return_logprob": True, "top_logprobs_num": 2,
+                "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}
+        r = request(base_url + GENERATE, body, timeout)
+        return margin_if_same_prefix(GENERATE, before_run["results"][index], r, pos)
+
+    return probe_row(before_run, after_run, comparison, probe_margin, tie_threshold)
 
 
 def free_port() -> int:
