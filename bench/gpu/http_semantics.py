@@ -704,11 +704,30 @@ def after_row(name: str, health: dict[str, int | None], kv: dict[str, tuple[int 
 
 # ------------------------------------------------------------------------------------------------ pivot's probe
 def role_prompts(path: Path = ROLE_DEFAULTS) -> tuple[list[str], int]:
-    """sglang_service_baseline_prompts and _max_new_tokens from the role's defaults (the role's own settings)."""
-    import yaml
-
+    """sglang_service_baseline_prompts and _max_new_tokens from the role's defaults (the role's own settings);
+    without PyYAML (the GPU host's bundle does not list it) the two keys are read by ``role_prompts_plain``."""
+    try:
+        import yaml
+    except ImportError:
+        return role_prompts_plain(path.read_text())
     data = yaml.safe_load(path.read_text())
     return list(data["sglang_service_baseline_prompts"]), int(data["sglang_service_baseline_max_new_tokens"])
+
+
+def role_prompts_plain(text: str) -> tuple[list[str], int]:
+    """The two keys from the defaults file as it is written: a block list of double-quoted strings, an int."""
+    lines = text.splitlines()
+    start = lines.index("sglang_service_baseline_prompts:")
+    prompts = []
+    for line in lines[start + 1 :]:
+        m = re.match(r'^\s+-\s+(".*")\s*$', line)
+        if not m:
+            break
+        prompts.append(json.loads(m.group(1)))
+    max_new = re.search(r"^sglang_service_baseline_max_new_tokens:\s*(\d+)", text, re.M)
+    if not prompts or not max_new:
+        raise ValueError("sglang_service_baseline_prompts / _max_new_tokens not found as expected")
+    return prompts, int(max_new.group(1))
 
 
 def run_probe(url: str, prompts: list[str], max_new: int, timeout: float = 120.0) -> dict:

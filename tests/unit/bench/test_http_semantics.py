@@ -415,9 +415,14 @@ def test_generation_compare_is_the_checkouts_filter_with_and_without_ansible():
     assert proc.stdout.split() == ["True", "module"]
 
 
-def test_role_prompts_are_the_roles_defaults():
-    prompts, max_new = hs.role_prompts()
-    assert prompts and all(isinstance(p, str) for p in prompts) and max_new > 0
+def test_role_prompts_are_the_roles_defaults_with_or_without_yaml():
+    yaml = pytest.importorskip("yaml")
+    defaults = yaml.safe_load(hs.ROLE_DEFAULTS.read_text())
+    expected = (defaults["sglang_service_baseline_prompts"], defaults["sglang_service_baseline_max_new_tokens"])
+    assert hs.role_prompts() == expected and len(expected[0]) >= 2
+    assert hs.role_prompts_plain(hs.ROLE_DEFAULTS.read_text()) == expected
+    with pytest.raises(ValueError, match="not found"):
+        hs.role_prompts_plain("sglang_service_baseline_prompts:\n  - unquoted\n")
 
 
 def test_request_to_a_closed_port_is_no_answer_and_a_failed_row():
