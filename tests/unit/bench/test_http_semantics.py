@@ -218,11 +218,14 @@ def test_catalogue_builds_each_feature_from_the_plain_answer():
     cases = hs.catalogue(PROMPT, PLAIN, "abcdefghij", "hi", [601, 602, 603, 604, 605, 606, 607, 608], 256,
                          "PROCESSOR")
     by = {(c.endpoint, c.option): c for c in cases}
-    gen = lambda option: by[(hs.GENERATE, option)].body  # noqa: E731
+
+    def gen(option):
+        return by[(hs.GENERATE, option)].body
+
     assert gen("frequency_penalty")["sampling_params"]["frequency_penalty"] > 0
     assert gen("logit_bias")["sampling_params"]["logit_bias"] == {str(PLAIN[2]): -100.0}
-    assert gen("min_new_tokens")["sampling_params"] == {"temperature": 0, "max_new_tokens": hs.NEW_TOKENS,
-                                                       "stop_token_ids": [PLAIN[3]], "min_new_tokens": 12}
+    expected = {"temperature": 0, "max_new_tokens": hs.NEW_TOKENS, "stop_token_ids": [PLAIN[3]], "min_new_tokens": 12}
+    assert gen("min_new_tokens")["sampling_params"] == expected
     assert gen("stop_token_ids")["sampling_params"]["stop_token_ids"] == [PLAIN[5]]
     assert "ignore_eos" not in gen("stop_token_ids")["sampling_params"]
     assert gen("stop")["sampling_params"]["stop"] == ["fgh"]
@@ -236,7 +239,10 @@ def test_catalogue_builds_each_feature_from_the_plain_answer():
     assert len(at_limit["input_ids"]) + at_limit["sampling_params"]["max_new_tokens"] == 256
     past = next(c for c in cases if c.feature.startswith("prompt past the context limit")).body
     assert len(past["input_ids"]) == 256
-    chat = lambda option: by[(hs.CHAT, option)].body  # noqa: E731
+
+    def chat(option):
+        return by[(hs.CHAT, option)].body
+
     assert chat("logit_bias")["logit_bias"] == {"603": -100.0}  # from the chat answer's own ids
     min_tokens = chat("min_tokens|min_new_tokens")
     assert min_tokens["stop_token_ids"] == [604] and min_tokens["min_tokens"] == 12
