@@ -13,7 +13,9 @@ to ``RESULTS/http-semantics-<gpu>-<date>.md`` and the rows as JSON beside it. Ex
 Verdicts (``classify``):
   same as no speculation   token ids equal; a first difference at a bf16 near-tie (the baseline's top-1 minus
                            top-2 logprob at that position below --tie-margin, read from the baseline server
-                           itself with return_logprob; lossless.py's rule, margin 1.0) counts as the same, with
+                           itself by repeating the request with return_logprob, top_logprobs_num 2: the logits
+                           greedy picks from, after penalties, bias and processors; lossless.py's threshold 1.0,
+                           which lossless.py applies to an fp32 Hugging Face margin) counts as the same, with
                            the near-tie named in the detail; both servers refusing a request alike (e.g. an empty
                            prompt) is the same too
   differs                  a real difference (first differing position in the detail), or a difference that
@@ -29,8 +31,9 @@ min_new_tokens, stop token ids, stop strings, a custom logit processor, n = 2, m
 prompts at and past the context limit, return_logprob with top_logprobs_num compared within --logprob-tol) on
 ``/generate`` and ``/v1/chat/completions``; 64 concurrent mixed requests (streaming, streams closed mid-way,
 plain) with ``/health`` and the KV pool's used tokens (``/v1/loads`` ``num_used_tokens`` in SGLang 0.5.17:
-max_total_num_tokens - available - evictable, so the radix cache does not count; ``/get_server_info`` has only the
-capacity, ``memory_usage.token_capacity``) back to their idle value afterwards; the pivot's own generation probe
+max_total_num_tokens - available - evictable, so the radix cache does not count, read after ``/flush_cache``;
+``/get_server_info`` has only the capacity, ``internal_states[0].memory_usage.token_capacity``; ``/metrics``'
+``sglang:num_used_tokens`` is the fallback) back to their idle value afterwards; the pivot's own generation probe
 (roles/sglang_service/files/generation_probe.py, run as the role runs it: one base64 JSON argument) against both
 servers and the role's comparison (the ``generation_compare`` filter of plugins/filter/pivot.py).
 
@@ -39,6 +42,9 @@ feature changes the output (a stop token the output reaches, a logit bias agains
 feature that leaves the baseline's output unchanged says so in the detail ("no effect on the baseline").
 
     python bench/gpu/http_semantics.py --models DIR --work DIR [--budget 16] [--gpu h200] [--results bench/results]
+
+Both servers run at the same time (``--mem-fraction-static 0.3`` each: the tiny or trained pair fits twice);
+``--server-module sglang_lab_server`` runs the LAB STAND-IN instead (the CPU test; it parses the same flags).
 
 The pure parts (HTTP client, catalogue, classification, near-tie accounting, logprob tolerance, KV parsing, the
 table) are tested on the CPU: tests/unit/bench/test_http_semantics.py, which also runs them over real HTTP against
