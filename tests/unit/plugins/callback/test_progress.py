@@ -318,8 +318,8 @@ def test_preloading_never_fails_the_play(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("option", "preloads"), [(True, True), (False, False)])
-def test_play_start_preloads_unless_turned_off_and_prints_what_the_default_prints(monkeypatch, option,
-                                                                                preloads) -> None:
+def test_play_start_preloads_unless_turned_off_and_prints_what_the_default_prints(
+        monkeypatch, option, preloads) -> None:
     seen, preloaded = [], []
     monkeypatch.setattr(Default, "v2_playbook_on_play_start", lambda self, play: seen.append(play))
     cb, _clock, _display = make()
