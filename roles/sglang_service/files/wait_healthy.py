@@ -95,7 +95,7 @@ def ddtree_log(lines: list[str]) -> dict:
         "registered": registered,
         "hooks": hooks,
         "worker": _clip(workers[-1]) if workers else None,
-        "lines": [_clip(record) for _position, record in sorted(found)][-12:],
+        "lines": [_clip(record) for _pos, record in sorted(found)][-12:],
     }
 
 
