@@ -20,6 +20,12 @@ description:
     that host, or for a loop item, from the end of the previous item). The limit is the task's C(retries) times its
     C(delay), the time after which the loop gives up (not counting the polls' own duration).
   - >-
+    It also loads each play's connection plugins once in the controller's main process, at the play's start
+    (option O(preload_connections)). Ansible runs every task of every host in a forked worker that imports the
+    host's connection plugin unless the main process already has it; for C(community.docker.docker_api) (the
+    lab's connection, which imports the Docker SDK's HTTP stack) that import took about 0.1 s of CPU per task,
+    even for C(set_fact) and C(assert), which connect to nothing. Output is not affected.
+  - >-
     Enable it with C(stdout_callback = specdec.pivot.progress) in ansible.cfg (this collection's own ansible.cfg
     does) or with the environment variable C(ANSIBLE_STDOUT_CALLBACK=specdec.pivot.progress).
 extends_documentation_fragment:
@@ -38,6 +44,18 @@ options:
         key: interval
     env:
       - name: ANSIBLE_CALLBACK_PROGRESS_INTERVAL
+  preload_connections:
+    description:
+      - Load the connection plugins of each play's hosts (their C(ansible_connection), else the default) in the
+        controller's main process when the play starts, so the forked workers do not import them again for every
+        task. A name that is a template, or a plugin that does not load, is left to Ansible as usual.
+    type: bool
+    default: true
+    ini:
+      - section: callback_progress
+        key: preload_connections
+    env:
+      - name: ANSIBLE_CALLBACK_PROGRESS_PRELOAD_CONNECTIONS
 requirements:
   - set as the stdout callback in configuration
 """
@@ -46,6 +64,7 @@ import time
 
 from ansible import constants as C
 from ansible.plugins.callback.default import CallbackModule as DefaultCallbackModule
+from ansible.plugins.loader import connection_loader
 
 
 def _number(value) -> float | None:
@@ -75,6 +94,53 @@ class CallbackModule(DefaultCallbackModule):
         # and (task uuid, when its last progress line was printed).
         self._wait_started: dict[str, tuple[str, float]] = {}
         self._last_line: dict[str, tuple[str, float]] = {}
+        self._connection_of: dict[str, str] = {}  # host -> the connection plugin loaded for it (preload)
+
+    # --------------------------------------------------------------------------------- connection plugins, once
+    def _option(self, name: str, default):
+        try:
+            return self.get_option(name)
+        except KeyError:
+            return default
+
+    def preload_connections(self, play) -> list[str]:
+        """Load the connection plugins of the play's hosts in this (the controller's main) process; the names
+        loaded. Forked workers then find them in sys.modules instead of importing them for each task. Best effort:
+        nothing here may fail or change the run."""
+        loaded: list[str] = []
+        variable_manager = getattr(play, "_variable_manager", None)
+        inventory = getattr(variable_manager, "_inventory", None)
+        if inventory is None:
+            return loaded
+        try:
+            hosts = inventory.get_hosts(play.hosts)
+        except Exception:  # a pattern Ansible itself reports; nothing to preload then
+            return loaded
+        for host in hosts:
+            name = host.get_name()
+            if name in self._connection_of:
+                continue
+            try:
+                value = variable_manager.get_vars(host=host, include_hostvars=False).get("ansible_connection")
+            except Exception:  # a vars plugin that fails: Ansible reports it at the task
+                value = None
+            connection = str(value) if value else ("local" if name in C.LOCALHOST else C.DEFAULT_TRANSPORT)
+            self._connection_of[name] = connection
+            if "{" in connection or connection in loaded:
+                continue
+            try:
+                if connection_loader.get(connection, class_only=True) is not None:
+                    loaded.append(connection)
+            except Exception:  # Ansible reports a bad connection name itself, at the task
+                continue
+        return loaded
+
+    def v2_playbook_on_play_start(self, play) -> None:
+        if self._option("preload_connections", True):
+            loaded = self.preload_connections(play)
+            if loaded:
+                self._display.vvv(f"progress: connection plugins loaded once for the play: {', '.join(loaded)}")
+        super().v2_playbook_on_play_start(play)
 
     # ------------------------------------------------------------------------------------------------ bookkeeping
     @staticmethod

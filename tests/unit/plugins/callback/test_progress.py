@@ -233,7 +233,7 @@ def test_a_no_log_poll_still_shows_progress() -> None:
 def test_every_other_event_is_the_default_callbacks() -> None:
     own = {name for name, value in vars(progress.CallbackModule).items() if callable(value) and name.startswith("v2_")}
     assert own == {"v2_runner_retry", "v2_runner_on_start", "v2_runner_item_on_ok", "v2_runner_item_on_failed",
-                   "v2_runner_item_on_skipped"}
+                   "v2_runner_item_on_skipped", "v2_playbook_on_play_start"}
     for name in ("v2_runner_on_ok", "v2_runner_on_failed", "v2_playbook_on_task_start", "v2_playbook_on_stats",
                  "v2_runner_on_async_poll"):
         assert getattr(progress.CallbackModule, name) is getattr(Default, name)
@@ -256,6 +256,77 @@ def test_task_start_is_delegated(monkeypatch) -> None:
     host, task = Host("ct200"), Task("Halt")
     cb.v2_runner_on_start(host, task)
     assert seen == [(host, task)]
+
+
+# ------------------------------------------------------------------------- connection plugins loaded once (issue 26)
+class Inventory:
+    def __init__(self, hosts: list[Host], fail: bool = False) -> None:
+        self.hosts, self.fail = hosts, fail
+
+    def get_hosts(self, pattern):
+        if self.fail:
+            raise ValueError("bad pattern")
+        return self.hosts
+
+
+class VariableManager:
+    def __init__(self, inventory: Inventory, connections: dict) -> None:
+        self._inventory, self.connections, self.calls = inventory, connections, []
+
+    def get_vars(self, host, include_hostvars=True):
+        self.calls.append(host.get_name())
+        value = self.connections.get(host.get_name())
+        if isinstance(value, Exception):
+            raise value
+        return {} if value is None else {"ansible_connection": value}
+
+
+class Play:
+    def __init__(self, variable_manager: VariableManager | None, hosts="all") -> None:
+        self._variable_manager, self.hosts = variable_manager, hosts
+
+
+def test_the_plays_connection_plugins_are_loaded_once_in_the_main_process(monkeypatch) -> None:
+    asked = []
+    monkeypatch.setattr(progress.connection_loader, "get",
+                        lambda name, class_only=False: asked.append(name) or (None if name == "nope" else object))
+    hosts = [Host(n) for n in ("ct200", "pro6000", "p2", "tmpl", "bad", "vm", "broken", "localhost")]
+    vm = VariableManager(Inventory(hosts), {
+        "ct200": "community.docker.docker_api", "pro6000": "community.docker.docker_api",
+        "p2": "community.docker.docker_api", "tmpl": "{{ conn }}", "bad": "nope", "vm": None,
+        "broken": RuntimeError("vars plugin failed")})
+    cb, _clock, _display = make()
+    loaded = cb.preload_connections(Play(vm))
+    # each name once; a template is left to Ansible; no ansible_connection (or vars that fail): the default
+    # transport, localhost: local; a plugin that does not load is not counted and fails nothing here
+    assert loaded == ["community.docker.docker_api", C.DEFAULT_TRANSPORT, "local"]
+    assert asked == ["community.docker.docker_api", "nope", C.DEFAULT_TRANSPORT, "local"]
+    # the next play with the same hosts asks neither the variables nor the loader again
+    assert cb.preload_connections(Play(vm)) == [] and asked[4:] == [] and len(vm.calls) == len(hosts)
+
+
+def test_preloading_never_fails_the_play(monkeypatch) -> None:
+    def boom(name, class_only=False):
+        raise RuntimeError("cannot load")
+
+    monkeypatch.setattr(progress.connection_loader, "get", boom)
+    cb, _clock, _display = make()
+    assert cb.preload_connections(Play(None)) == []
+    assert cb.preload_connections(Play(VariableManager(Inventory([], fail=True), {}))) == []
+    assert cb.preload_connections(Play(VariableManager(Inventory([Host("a")]), {"a": "ssh"}))) == []
+
+
+@pytest.mark.parametrize(("option", "preloads"), [(True, True), (False, False)])
+def test_play_start_preloads_unless_turned_off_and_prints_what_the_default_prints(
+        monkeypatch, option, preloads) -> None:
+    seen, preloaded = [], []
+    monkeypatch.setattr(Default, "v2_playbook_on_play_start", lambda self, play: seen.append(play))
+    cb, _clock, _display = make()
+    monkeypatch.setattr(cb, "get_option", lambda name: option if name == "preload_connections" else 10)
+    monkeypatch.setattr(cb, "preload_connections", lambda play: preloaded.append(play) or [])
+    play = Play(None)
+    cb.v2_playbook_on_play_start(play)
+    assert seen == [play] and preloaded == ([play] if preloads else [])
 
 
 # ------------------------------------------------------------------------------------------ with ansible itself
@@ -297,3 +368,19 @@ def test_the_repositorys_ansible_cfg_uses_it_and_a_real_retry_loop_shows_progres
     assert lines[0].endswith(", limit 2 s (poll 1 of 3)") and lines[1].endswith(", limit 2 s (poll 2 of 3)"), lines
     assert "FAILED - RETRYING" not in out
     assert "PLAY RECAP" in out  # the rest is the default callback's
+
+
+def test_a_real_play_loads_its_hosts_connection_plugin_in_the_main_process(tmp_path) -> None:
+    """With ansible itself: the play's Play object carries the inventory the callback reads (-vvv names what it
+    loaded), and the play's result is unchanged."""
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n"
+                    "    - name: A task that connects to nothing\n      ansible.builtin.set_fact: {x: 1}\n")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    h1: {ansible_connection: local}\n    h2: {ansible_connection: local}\n")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-vvv", "-i", str(inventory), str(play)], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "progress: connection plugins loaded once for the play: local" in out, out[-3000:]
+    assert "h1                         : ok=1" in out and "h2                         : ok=1" in out
