@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -479,17 +480,21 @@ def standin_models(tmp_path_factory) -> Path:
     return models
 
 
-def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path, monkeypatch, capsys):
+def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path):
     """The whole script over real HTTP, its servers being the LAB STAND-IN (lab/sglang_lab_server, which parses
     SGLang's own flags) twice: target-only decoding and its DDTREE reference engine. What the stand-in implements
     compares token by token; what it lacks comes out as "not supported by this server" (its 400 names the field,
-    or 404 for chat), never as a pass; the table and the JSON are written and the exit status is 0."""
-    monkeypatch.setenv("PYTHONPATH", str(LAB))
+    or 404 for chat), never as a pass; the table and the JSON are written and the exit status is 0. The script runs
+    as a program, as on the GPU host (it imports sglang, which fails in a process where ansible's module_utils have
+    patched sys.intern, as other tests of this run do)."""
     results = tmp_path / "results"
-    status = hs.main(["--models", str(standin_models), "--work", str(tmp_path / "work"), "--budget", "8",
-                      "--context-length", "256", "--gpu", "lab-standin", "--results", str(results),
-                      "--server-module", "sglang_lab_server", "--timeout", "300"])
-    out = capsys.readouterr().out
+    env = dict(os.environ, PYTHONPATH=str(LAB))
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--models", str(standin_models), "--work", str(tmp_path / "work"), "--budget",
+         "8", "--context-length", "256", "--gpu", "lab-standin", "--results", str(results), "--server-module",
+         "sglang_lab_server", "--timeout", "300"],
+        capture_output=True, text=True, env=env, timeout=900)
+    status, out = run.returncode, run.stdout + run.stderr
     md = list(results.glob("http-semantics-lab-standin-*.md"))
     assert len(md) == 1, out[-3000:]
     record = json.loads(md[0].with_suffix(".json").read_text())
