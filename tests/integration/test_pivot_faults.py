@@ -314,39 +314,6 @@ def test_an_install_pip_refuses_is_undone_and_never_stops_the_old_service(lab, t
     assert lk.server_info()["speculative_algorithm"] == "NEXTN"
 
 
-def test_an_undecided_hook_check_proceeds_and_the_servers_log_says_so(lab, tmp_path) -> None:
-    # On this CPU container two hook targets of the plugin do not import (check-sglang: "cannot be decided on this
-    # host"): the pivot goes on, the Markdown says so, and after the restart the new server's own log (its journal)
-    # says what became of those hooks. The lab's stand-in runs SGLang's load_plugins() (so the plugin's register()
-    # and SGLang's HookRegistry log their lines) but no DDTREE worker: its log shows the hooks NOT installed, which a
-    # real GPU server's worker would refuse to start with.
-    run = pivot(tmp_path)
-    assert run.rc == 0, run.tail()
-    report = run.report()
-    assert report["status"] == "ok"
-    ddtree = report["inference"][0]["plan"]["ddtree"]
-    assert ddtree["ok"] is True and ddtree["problem"] is None and ddtree["undecided"], ddtree
-    undecided = sorted(t for t, on in ddtree["hooks"].items() if not on)
-    assert undecided, ddtree["hooks"]
-    md = (run.report_dir / "pivot-report.md").read_text()
-    assert f"> **Not decided on this host:** {ddtree['undecided']}" in md
-    assert "The check failed" not in md
-    log = report["inference"][0]["service"]["ddtree_log"]
-    assert log["registered"] is True, log
-    journal = lk.sh(lk.INFERENCE, f"journalctl -u {lk.UNIT} -o cat --no-pager -n 300")
-    for target in undecided:
-        # the server's own words, read back here from the journal independently of the pivot
-        assert f"sglang-ddtree: hook on {target} not installed (" in journal
-        assert log["hooks"][target].startswith("not installed: "), log
-        assert (f"> **Preflight could not decide** the hook on `{target}` on this host; the new server's log says: "
-                f"**{log['hooks'][target]}**") in md
-    for target, on in ddtree["hooks"].items():
-        if on:
-            assert log["hooks"][target] == "applied", log
-            assert f"Applied 1 hook(s) to {target}" in journal
-    assert "DDTREE worker: no start-up line (only a real SGLang scheduler writes one)" in md
-
-
 # ------------------------------------------------------------------------------------------------ switch + rollback
 def test_server_exits_at_start_rolls_back(lab, tmp_path) -> None:
     # Starts from: training halted, NEXTN, no plugin (the test above). The flag parses (SGLang's parser accepts it),
@@ -513,6 +480,41 @@ def test_rollback_downgrades_the_plugin_to_its_previous_version(lab, tmp_path) -
     assert_nextn_serving()
     again = rollback(tmp_path)
     assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
+
+
+def test_an_undecided_hook_check_proceeds_and_the_servers_log_says_so(lab, tmp_path) -> None:
+    # Starts from: NEXTN, plugin 0.0.9 (the rollback above). It pivots for real, so it runs after every test that
+    # starts from NEXTN; the secrets tests below reset the lab first.
+    # On this CPU container two hook targets of the plugin do not import (check-sglang: "cannot be decided on this
+    # host"): the pivot goes on, the Markdown says so, and after the restart the new server's own log (its journal)
+    # says what became of those hooks. The lab's stand-in runs SGLang's load_plugins() (so the plugin's register()
+    # and SGLang's HookRegistry log their lines) but no DDTREE worker: its log shows the hooks NOT installed, which a
+    # real GPU server's worker would refuse to start with.
+    run = pivot(tmp_path)
+    assert run.rc == 0, run.tail()
+    report = run.report()
+    assert report["status"] == "ok"
+    ddtree = report["inference"][0]["plan"]["ddtree"]
+    assert ddtree["ok"] is True and ddtree["problem"] is None and ddtree["undecided"], ddtree
+    undecided = sorted(t for t, on in ddtree["hooks"].items() if not on)
+    assert undecided, ddtree["hooks"]
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert f"> **Not decided on this host:** {ddtree['undecided']}" in md
+    assert "The check failed" not in md
+    log = report["inference"][0]["service"]["ddtree_log"]
+    assert log["registered"] is True, log
+    journal = lk.sh(lk.INFERENCE, f"journalctl -u {lk.UNIT} -o cat --no-pager -n 300")
+    for target in undecided:
+        # the server's own words, read back here from the journal independently of the pivot
+        assert f"sglang-ddtree: hook on {target} not installed (" in journal
+        assert log["hooks"][target].startswith("not installed: "), log
+        assert (f"> **Preflight could not decide** the hook on `{target}` on this host; the new server's log says: "
+                f"**{log['hooks'][target]}**") in md
+    for target, on in ddtree["hooks"].items():
+        if on:
+            assert log["hooks"][target] == "applied", log
+            assert f"Applied 1 hook(s) to {target}" in journal
+    assert "DDTREE worker: no start-up line (only a real SGLang scheduler writes one)" in md
 
 
 # ------------------------------------------------------------------------------------------------ secrets
