@@ -19,6 +19,7 @@
 # shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
+# http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
 # SKIP="core-bench hybrid" leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -119,6 +120,7 @@ run_step() {
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
+    http-semantics) step http-semantics python3 bench/gpu/http_semantics.py --models "$S/models" --work "$STATE/http-semantics" --budget "${HTTP_BUDGET:-16}" ;;
     *) echo "unknown step $1" >&2; return 2 ;;
   esac
 }

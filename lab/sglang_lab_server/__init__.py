@@ -12,7 +12,10 @@ part that matters to the pivot real:
   the sglang-ddtree reference engine when the algorithm is DDTREE.
 
 What it does NOT do: tensor parallelism, CUDA graphs, memory pools, batching across requests. ``--tp-size``
-and ``--mem-fraction-static`` are parsed and reported, not acted on.
+and ``--mem-fraction-static`` are parsed and reported, not acted on. Of ``/generate`` it implements ``text`` /
+``input_ids`` and the sampling parameters ``max_new_tokens``, ``temperature``, ``stop_token_ids``,
+``ignore_eos``, ``sampling_seed``; any other field (``stream``, ``return_logprob``, penalties, ``n``, ...) is
+refused with a 400 naming it, never silently ignored.
 
 Run: ``python -m sglang_lab_server --model-path DIR [any sglang.launch_server flag ...]``.
 """

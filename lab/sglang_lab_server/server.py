@@ -9,7 +9,8 @@ Endpoints (same paths and field names as SGLang's HTTP server):
        (/server_info is the same)
   GET  /get_model_info      model path, is_generation (/model_info is the same)
   POST /generate            {"text" | "input_ids", "sampling_params": {"max_new_tokens", "temperature",
-                            "stop_token_ids", "ignore_eos"}} -> {"text", "output_ids", "meta_info"}
+                            "stop_token_ids", "ignore_eos", "sampling_seed"}} -> {"text", "output_ids", "meta_info"};
+                            any other field or sampling parameter: 400 naming it (refuse_unsupported)
 """
 
 from __future__ import annotations
@@ -285,6 +286,9 @@ class Engine:
 class LabServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog is 5: 64 clients connecting at once (bench/gpu/http_semantics.py's concurrent
+    # row) got connection resets. Uvicorn, which SGLang serves with, listens with a backlog of 2048.
+    request_queue_size = 2048
 
     def __init__(self, address: tuple[str, int], args: argparse.Namespace, algorithm: Any,
                  argv: Sequence[str]) -> None:
@@ -432,6 +436,7 @@ class Handler(BaseHTTPRequestHandler):
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise BadRequest("sampling_params must be a JSON object")
+        refuse_unsupported(body, params)
         input_ids = engine.encode(body)
         t0 = time.monotonic()
         gen = engine.generate(input_ids, params)
@@ -454,6 +459,26 @@ class Handler(BaseHTTPRequestHandler):
                     "gen_throughput=%.1f tok/s algorithm=%s", len(input_ids), len(gen.output_ids),
                     meta.get("spec_accept_length"), tps, self.server.algorithm_name)
         return {"text": engine.decode(gen.output_ids), "output_ids": gen.output_ids, "meta_info": meta}
+
+
+#: What the stand-in implements of /generate; anything else is refused with a 400 naming it (SGLang would apply
+#: it: silently ignoring a penalty, a stop string or ``stream`` would make a client believe it had been applied).
+SUPPORTED_FIELDS = frozenset({"text", "input_ids", "sampling_params"})
+SUPPORTED_SAMPLING_PARAMS = frozenset(
+    {"max_new_tokens", "temperature", "stop_token_ids", "ignore_eos", "sampling_seed"}
+)
+
+
+def refuse_unsupported(body: dict[str, Any], params: dict[str, Any]) -> None:
+    """BadRequest naming the first request field or sampling parameter the stand-in does not implement."""
+    for key in body:
+        if key not in SUPPORTED_FIELDS:
+            raise BadRequest(f"{key} is not supported by this LAB STAND-IN (it implements "
+                             f"{', '.join(sorted(SUPPORTED_FIELDS))})")
+    for key in params:
+        if key not in SUPPORTED_SAMPLING_PARAMS:
+            raise BadRequest(f"sampling_params.{key} is not supported by this LAB STAND-IN (it implements "
+                             f"{', '.join(sorted(SUPPORTED_SAMPLING_PARAMS))})")
 
 
 def spec_meta_info(gen: Generation, completion_tokens: int, num_draft_tokens: int | None) -> dict[str, Any]:
