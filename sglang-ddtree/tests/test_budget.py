@@ -11,6 +11,7 @@ import torch
 from sglang_ddtree.budget import (
     CHAIN,
     Calibration,
+    OnlineStepCost,
     StepCostTable,
     accepted_nodes,
     budget_histogram,
@@ -20,11 +21,12 @@ from sglang_ddtree.budget import (
     choose_budget,
     expected_accept_length,
     observe,
+    parse_budget_option,
     tokens_per_second,
     top1_logprobs,
     tree_prefix,
 )
-from sglang_ddtree.tree import build_tree, log_softmax_f32
+from sglang_ddtree.tree import build_tree, build_tree_from_topk, chain_tree, log_softmax_f32
 from sglang_ddtree.verify import greedy_walk
 
 
@@ -394,3 +396,171 @@ def test_budget_histogram():
     assert list(hist) == ["chain", "4", "8", "16"]
     with pytest.raises(ValueError):
         budget_histogram([32], (CHAIN, 8))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGLANG_DDTREE_BUDGET
+
+
+@pytest.mark.parametrize(
+    ("value", "max_budget", "block_size", "expected"),
+    [
+        (None, 16, 16, None),
+        ("", 16, 16, None),
+        (" Fixed ", 16, 16, None),
+        ("auto", 16, 16, (CHAIN, 4, 8, 16)),  # the chain's width 16 fits in the widest width 17
+        ("AUTO", 32, 16, (CHAIN, 4, 8, 16, 32)),
+        ("auto", 12, 16, (4, 8, 12)),  # the chain (16 tokens) is wider than the widest width 13: left out
+        ("auto", 20, 8, (CHAIN, 4, 8, 16, 20)),
+        ("auto", 3, 4, (CHAIN, 3)),
+        ("16, chain ,8", 16, 16, (CHAIN, 8, 16)),  # sorted, the chain first
+        ("1,2", 2, 16, (1, 2)),
+    ],
+)
+def test_budget_option_candidates(value, max_budget, block_size, expected):
+    assert parse_budget_option(value, max_budget, block_size) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("chain,4", r"SGLANG_DDTREE_BUDGET='chain,4': the chain verifies the drafter's whole block \(16 tokens\), "
+                    r"wider than --speculative-num-draft-tokens 9; raise it to at least 16 or leave 'chain' out"),
+        ("4,9", r"'9' is not 'chain' or a budget in 1..8 .* use 'auto', 'fixed', or a list such as 'chain,8,8'"),
+        ("0,4", r"'0' is not 'chain' or a budget"),
+        ("-4,4", r"'-4' is not 'chain'"),
+        ("4,,8", r"'' is not 'chain'"),
+        ("tree", r"'tree' is not 'chain'"),
+        ("8,8", r"'8' is listed twice; name each candidate once"),
+        ("8", r"names one candidate: a per-step choice needs at least two; for a fixed budget set "
+              r"--speculative-num-draft-tokens"),
+    ],
+)
+def test_budget_option_refusals_name_the_variable_and_the_fix(value, message):
+    with pytest.raises(ValueError, match=message):
+        parse_budget_option(value, 8, 16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# costs measured while serving, and the choice made from them
+
+
+@pytest.mark.parametrize(("batch", "bucket"), [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (64, 6),
+                                               (65, 7), (10**6, 11)])
+def test_online_cost_buckets(batch, bucket):
+    assert OnlineStepCost((CHAIN, 8)).bucket(batch) == bucket
+
+
+def test_online_cost_records_an_average_and_ignores_bad_samples():
+    costs = OnlineStepCost((CHAIN, 8), alpha=0.5)
+    assert costs.costs(1) == [None, None]
+    costs.record(8, 1, 10.0)
+    costs.record(8, 1, 20.0)
+    for bad in (float("nan"), float("inf"), 0.0, -3.0):
+        costs.record(8, 1, bad)
+    assert costs.costs(1) == [None, 15.0] and costs.costs(2) == [None, None]
+    assert int(costs.samples[0, 1]) == 2
+    with pytest.raises(ValueError):
+        costs.record(16, 1, 1.0)  # not a candidate
+    with pytest.raises(ValueError):
+        costs.bucket(0)
+    with pytest.raises(ValueError):
+        OnlineStepCost((8, 8))
+    with pytest.raises(ValueError):
+        OnlineStepCost((8,), alpha=0.0)
+
+
+def test_online_choice_explores_every_candidate_per_bucket_then_picks_the_fastest():
+    costs = OnlineStepCost((CHAIN, 4, 8), min_samples=2)
+    expected = [1.0, 1.5, 2.0]
+    # exploration ignores the expectations: every candidate twice, in order, in each batch bucket
+    assert [costs.choose(expected, 1) for _ in range(6)] == [CHAIN, CHAIN, 4, 4, 8, 8]
+    assert costs.choose(expected, 8) == CHAIN  # bucket 5-8 starts its own exploration
+    # measured at batch 1: 8 commits 3 tokens in 10 ms, 4 commits 2.5 in 7 ms, the chain 2 in 5 ms
+    for candidate, ms in ((CHAIN, 5.0), (4, 7.0), (8, 10.0)):
+        costs.record(candidate, 1, ms)
+    assert costs.choose(expected, 1) == CHAIN  # 0.4 tokens/ms beats 0.357 and 0.3
+    costs.record(CHAIN, 1, 9.0)  # the chain got slower (EMA 5.8 ms): 0.345 tokens/ms
+    assert costs.choose(expected, 1) == 4
+    # the same rates: the earlier candidate
+    tie = OnlineStepCost((CHAIN, 8), min_samples=1)
+    tie.choose([1.0, 3.0], 1), tie.choose([1.0, 3.0], 1)
+    tie.record(CHAIN, 1, 2.0), tie.record(8, 1, 4.0)
+    assert tie.choose([1.0, 3.0], 1) == CHAIN
+
+
+def test_online_choice_before_any_measurement_is_the_widest_and_skips_unmeasured():
+    costs = OnlineStepCost((CHAIN, 4, 16), min_samples=1)
+    for _ in range(3):
+        costs.choose([5.0, 5.0, 5.0], 1)  # explored (issued), nothing measured yet: the events are pending
+    assert costs.choose([5.0, 5.0, 5.0], 1) == 16
+    costs.record(4, 1, 50.0)  # only 4 measured: it is the only one priced
+    assert costs.choose([0.0, 0.0, 100.0], 1) == 4
+
+
+def test_online_choice_measures_a_candidate_again_after_refresh_steps():
+    costs = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_steps=10)
+    costs.choose([0.0, 0.0], 1), costs.choose([0.0, 0.0], 1)
+    costs.record(CHAIN, 1, 1.0), costs.record(8, 1, 100.0)
+    picks = [costs.choose([0.0, 0.0], 1) for _ in range(30)]
+    assert picks.count(8) == 2 and picks[10] == 8 and picks[21] == 8, picks  # once every 11 steps of the bucket
+    assert set(picks) - {8} == {CHAIN}
+
+
+def test_ranks_that_load_the_same_costs_choose_the_same_whatever_they_measured():
+    """Tensor parallelism: each rank measures its own step times; after loading the merged table (what the
+    worker's all-reduce gives every rank) their choices agree step by step, though their own tables differ."""
+    gen = torch.Generator().manual_seed(3)
+    ranks = [OnlineStepCost((CHAIN, 4, 8, 16), min_samples=2) for _ in range(2)]
+    own = [OnlineStepCost((CHAIN, 4, 8, 16)) for _ in range(2)]
+    for step in range(300):
+        batch = int(torch.randint(1, 40, (1,), generator=gen))
+        expected = (torch.rand(4, generator=gen).double() * 4).tolist()
+        picks = [rank.choose(expected, batch) for rank in ranks]
+        assert picks[0] == picks[1], step
+        for r in range(2):  # each rank's own measurement of the step: noise of its own
+            own[r].record(picks[r], batch, 5.0 + picks[r] * 0.3 + float(torch.rand(1, generator=gen)) * (r + 1))
+        if step % 16 == 15:
+            merged = (own[0].costs_state() + own[1].costs_state()) / 2
+            for rank in ranks:
+                rank.load_costs(merged)
+    assert not torch.equal(own[0].ema, own[1].ema)
+    assert len({c for row in ranks[0].issued.tolist() for c in row}) > 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the chain as a tree
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_chain_tree_is_the_argmax_path(ties):
+    logits = random_logits(3, 5, 11, seed=7, ties=ties)
+    tree = build_tree(logits, 6, backend="torch")
+    logp = log_softmax_f32(logits)
+    assert torch.equal(tree.top1_tokens, torch.argmax(logits, dim=-1))  # the lowest id among equal logits
+    assert torch.equal(tree.top1_logprobs, logp.max(dim=-1).values)
+    assert torch.equal(tree.top1_logprobs, -tree.row_logsum)
+    chain = chain_tree(tree, backend="torch")
+    depth = torch.arange(1, 6)
+    assert chain.budget == 5 and torch.equal(chain.tokens, tree.top1_tokens)
+    assert torch.equal(chain.depths, depth.expand(3, 5)) and torch.equal(chain.parents[:, 1:], (depth - 1).expand(3, 5))
+    assert torch.equal(chain.first_child[:, :5], depth.expand(3, 5)) and bool((chain.first_child[:, 5] == -1).all())
+    assert bool((chain.next_sibling == -1).all()) and bool((chain.ranks == 0).all())
+    assert torch.equal(chain.ancestors[0].long(), torch.tril(torch.ones(6, 6, dtype=torch.long)))
+    assert torch.allclose(chain.scores, chain_path_logprobs(tree.top1_logprobs)[0])
+    # a target that follows the chain to depth 3 accepts exactly 3 chain nodes
+    target = torch.cat([chain.tokens[:, :3], torch.full((3, 3), 10**6)], dim=1)
+    _, accept_len, bonus = greedy_walk(chain, target)
+    assert accept_len.tolist() == [3, 3, 3] and bonus.tolist() == [10**6] * 3
+
+
+def test_trees_from_candidate_lists_carry_their_best_candidate():
+    gen = torch.Generator().manual_seed(5)
+    logp = torch.log_softmax(torch.randn(2, 4, 9, generator=gen), dim=-1)
+    order = torch.randperm(9, generator=gen)
+    tree = build_tree_from_topk(logp[..., order], order.expand(2, 4, 9), 5, backend="torch")
+    assert torch.equal(tree.top1_tokens, logp.argmax(dim=-1)) and torch.equal(tree.top1_logprobs, logp.max(-1).values)
+    # budget.top1_logprobs takes it, so the chain's expectation needs no normaliser
+    e = expected_accept_length(tree, (CHAIN, 5))
+    assert torch.allclose(e[:, 0], chain_path_logprobs(tree.top1_logprobs)[0].exp().sum(dim=1))
+    assert torch.equal(top1_logprobs(tree), tree.top1_logprobs)

@@ -1,6 +1,7 @@
 """Adaptive node budget (issue 24), the CPU-testable core: expected acceptance, its calibration, the choice.
 
-Not wired into the SGLang worker yet: the worker still verifies a fixed budget. This module only computes.
+The SGLang worker uses it through ``sglang/auto_budget.py`` when ``SGLANG_DDTREE_BUDGET=auto`` (:data:`BUDGET_ENV`,
+:func:`parse_budget_option`); this module only computes, on the host or on the device of its inputs.
 
 The model
 ---------
@@ -30,7 +31,8 @@ per-step error.
 The choice: with one verify width per step (one CUDA graph per width), the batch commits sum_b (E_b + 1) tokens
 per step, where +1 is the bonus token, so the plugin picks the candidate that maximises
 B * (mean_b E_b + 1) / cost(B, candidate) (:func:`choose_budget`). ``cost`` is a table measured by the plugin
-at start-up (:class:`StepCostTable`, interpolated between measured batch sizes); nothing here hard-codes a cost.
+at start-up (:class:`StepCostTable`, interpolated between measured batch sizes) or while serving
+(:class:`OnlineStepCost`: every step's own duration, per batch-size bucket); nothing here hard-codes a cost.
 The chain is one candidate (:data:`CHAIN`), so a well-calibrated chooser is never worse than DFLASH by more
 than its own cost.
 
@@ -52,8 +54,11 @@ import torch
 from .tree import DraftTree
 
 __all__ = [
+    "AUTO_BUDGETS",
+    "BUDGET_ENV",
     "CHAIN",
     "Calibration",
+    "OnlineStepCost",
     "StepCostTable",
     "accepted_nodes",
     "budget_histogram",
@@ -63,6 +68,7 @@ __all__ = [
     "choose_budget",
     "expected_accept_length",
     "observe",
+    "parse_budget_option",
     "tokens_per_second",
     "top1_logprobs",
     "tree_prefix",
@@ -70,6 +76,66 @@ __all__ = [
 
 CHAIN = 0
 """The candidate "verify the drafter's argmax chain over the whole block" (DFLASH). Tree budgets are >= 1."""
+
+#: The environment variable that selects the budget policy of a DDTREE server (every process of the server reads
+#: it: the start-up check and each scheduler's worker). Unset or ``fixed``: the budget of
+#: ``--speculative-num-draft-tokens``; ``auto``: chosen per step (:func:`parse_budget_option`).
+BUDGET_ENV = "SGLANG_DDTREE_BUDGET"
+#: The tree budgets ``auto`` offers (those up to the server's widest), besides the chain and the widest itself.
+AUTO_BUDGETS = (4, 8, 16, 32)
+
+
+def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> tuple[int, ...] | None:
+    """The candidates of a per-step budget choice named by :data:`BUDGET_ENV`, or None for a fixed budget.
+
+    Args:
+        value: the variable's value: None, ``""`` or ``"fixed"`` (a fixed budget), ``"auto"``, or a comma list
+            of ``chain`` and budgets, e.g. ``"chain,8,16"``.
+        max_budget: the widest budget, from ``--speculative-num-draft-tokens`` (budget + 1): the KV reserved per
+            request and the widest verify graph are sized for it, so no candidate may exceed it.
+        block_size: the drafter's block size; the chain verifies ``block_size`` tokens (root + depth D).
+
+    Returns:
+        Sorted candidates, :data:`CHAIN` (0) first: ``auto`` gives the chain (when its width ``block_size`` fits
+        within ``max_budget + 1``), every budget of :data:`AUTO_BUDGETS` below ``max_budget``, and ``max_budget``.
+
+    Raises:
+        ValueError naming the variable, the bad value and the fix.
+    """
+    text = (value or "").strip().lower()
+    if text in ("", "fixed"):
+        return None
+    chain_fits = block_size <= max_budget + 1
+    if text == "auto":
+        budgets = {b for b in AUTO_BUDGETS if b < max_budget} | {max_budget}
+        return ((CHAIN,) if chain_fits else ()) + tuple(sorted(budgets))
+    chosen: list[int] = []
+    for word in (w.strip() for w in text.split(",")):
+        if word == "chain":
+            if not chain_fits:
+                raise ValueError(
+                    f"{BUDGET_ENV}={value!r}: the chain verifies the drafter's whole block ({block_size} tokens), "
+                    f"wider than --speculative-num-draft-tokens {max_budget + 1}; raise it to at least {block_size} "
+                    "or leave 'chain' out"
+                )
+            candidate = CHAIN
+        elif word.isdigit() and 1 <= int(word) <= max_budget:
+            candidate = int(word)
+        else:
+            raise ValueError(
+                f"{BUDGET_ENV}={value!r}: {word!r} is not 'chain' or a budget in 1..{max_budget} (the widest budget "
+                f"is --speculative-num-draft-tokens - 1 = {max_budget}); use 'auto', 'fixed', or a list such as "
+                f"'chain,8,{max_budget}'"
+            )
+        if candidate in chosen:
+            raise ValueError(f"{BUDGET_ENV}={value!r}: {word!r} is listed twice; name each candidate once")
+        chosen.append(candidate)
+    if len(chosen) < 2:
+        raise ValueError(
+            f"{BUDGET_ENV}={value!r} names one candidate: a per-step choice needs at least two; for a fixed budget "
+            "set --speculative-num-draft-tokens (budget + 1) and leave the variable unset"
+        )
+    return tuple(sorted(chosen))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -111,14 +177,12 @@ def tree_prefix(tree: DraftTree, n: int) -> DraftTree:
 
 
 def top1_logprobs(tree: DraftTree) -> torch.Tensor:
-    """float32 [B, D]: log q_d(rank 0) per depth, from the normaliser ``build_tree`` returned.
-
-    The argmax logit equals ``row_max``, so its log-probability ``(x - row_max) - row_logsum`` is exactly
-    ``-row_logsum`` (the value the tree ranked). Trees from ``build_tree_from_topk`` carry no normaliser: pass
-    the rank-0 column of their top-k log-probabilities instead.
-    """
+    """float32 [B, D]: log q_d(rank 0) per depth: the tree's ``top1_logprobs`` (for ``build_tree``, exactly
+    ``-row_logsum``: the argmax logit equals ``row_max``)."""
+    if tree.top1_logprobs is not None:
+        return tree.top1_logprobs
     if tree.row_logsum is None:
-        raise ValueError("this tree has no row_logsum (build_tree_from_topk): pass chain_logprobs explicitly")
+        raise ValueError("this tree has no top1_logprobs or row_logsum: pass chain_logprobs explicitly")
     return -tree.row_logsum
 
 
@@ -369,6 +433,109 @@ def choose_budget(expected: torch.Tensor | Sequence[float], table: StepCostTable
     rates = tokens_per_second(expected, table.cost_at(batch_size), batch_size)
     best = max(range(len(rates)), key=lambda i: (rates[i], -i))
     return table.candidates[best]
+
+
+@dataclass
+class OnlineStepCost:
+    """Step costs measured while serving, and the per-step choice made from them.
+
+    Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) and candidate: an
+    exponential moving average of the step's duration in ms (``ema`` float64 [K, C]) and its sample count
+    (``samples`` int64 [K, C]), fed by :meth:`record`; and, fed by :meth:`choose`, how often the choice issued each
+    candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps`` counts the bucket's
+    steps). All on the host (a few hundred numbers).
+
+    :meth:`choose` is a function of these tables, the batch size and the expectations only. Tensor-parallel ranks
+    that load the same costs (:meth:`costs_state` / :meth:`load_costs`, after an all-reduce) and see the same
+    expectations make the same choice every step (each rank's own measurements differ).
+
+    Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha: weight of a new
+    sample in (0, 1]; min_samples >= 1: each candidate is issued this many times per bucket before the measured
+    costs decide (exploration); refresh_steps >= 1: a candidate the choice has not issued for this many of the
+    bucket's steps is issued once again, so that a cost that drifts (longer contexts) is measured again;
+    num_buckets >= 1.
+    """
+
+    candidates: tuple[int, ...]
+    alpha: float = 0.2
+    min_samples: int = 3
+    refresh_steps: int = 2000
+    num_buckets: int = 12
+
+    def __post_init__(self) -> None:
+        if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
+            raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
+        if not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1:
+            raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1")
+        shape = (self.num_buckets, len(self.candidates))
+        self.ema = torch.zeros(shape, dtype=torch.float64)
+        self.samples = torch.zeros(shape, dtype=torch.int64)
+        self.issued = torch.zeros(shape, dtype=torch.int64)
+        self.last = torch.zeros(shape, dtype=torch.int64)
+        self.steps = torch.zeros(self.num_buckets, dtype=torch.int64)
+
+    def bucket(self, batch_size: int) -> int:
+        """0 for batch 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...: ceil(log2(batch_size)), capped at num_buckets - 1."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return min(int(batch_size - 1).bit_length(), self.num_buckets - 1)
+
+    def record(self, candidate: int, batch_size: int, ms: float) -> None:
+        """Fold one step's measured duration (ms > 0 and finite; anything else is ignored) into its cell."""
+        if not (math.isfinite(ms) and ms > 0):
+            return
+        k, c = self.bucket(batch_size), self.candidates.index(candidate)
+        n = int(self.samples[k, c])
+        self.ema[k, c] = ms if n == 0 else (1.0 - self.alpha) * float(self.ema[k, c]) + self.alpha * ms
+        self.samples[k, c] = n + 1
+
+    def costs(self, batch_size: int) -> list[float | None]:
+        """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
+        k = self.bucket(batch_size)
+        return [float(e) if int(n) > 0 else None for e, n in zip(self.ema[k], self.samples[k], strict=True)]
+
+    def costs_state(self) -> torch.Tensor:
+        """float64 [2, K, C]: (ema, samples) for an all-reduce across ranks."""
+        return torch.stack([self.ema, self.samples.double()])
+
+    def load_costs(self, state: torch.Tensor) -> None:
+        """Take (ema, samples) as :meth:`costs_state` lays them out (e.g. the ranks' mean)."""
+        self.ema.copy_(state[0])
+        self.samples.copy_(state[1].round().long())
+
+    def choose(self, expected: Sequence[float], batch_size: int) -> int:
+        """The candidate to verify this step, and count it as issued.
+
+        In order: the first candidate issued fewer than ``min_samples`` times at this bucket (exploration); the
+        candidate issued least recently, when that was more than ``refresh_steps`` of the bucket's steps ago
+        (refresh); else the candidate with the most committed tokens per second, ``batch_size * (E + 1) / cost``,
+        among those measured here (ties: the earlier candidate); the widest candidate when none is measured yet.
+
+        Args:
+            expected: C expected accepted draft nodes per request (a batch mean), in ``candidates`` order.
+            batch_size: B >= 1.
+        """
+        if len(expected) != len(self.candidates):
+            raise ValueError(f"{len(expected)} expectations for {len(self.candidates)} candidates")
+        k = self.bucket(batch_size)
+        self.steps[k] += 1
+        step = int(self.steps[k])
+        pick = next((c for c in range(len(self.candidates)) if int(self.issued[k, c]) < self.min_samples), None)
+        if pick is None:
+            stale = int(torch.argmin(self.last[k]))
+            if step - int(self.last[k, stale]) > self.refresh_steps:
+                pick = stale
+        if pick is None:
+            costs = self.costs(batch_size)
+            rates = [
+                (batch_size * (float(e) + 1.0) / c, -i)
+                for i, (e, c) in enumerate(zip(expected, costs, strict=True))
+                if c is not None and math.isfinite(float(e))
+            ]
+            pick = -max(rates)[1] if rates else len(self.candidates) - 1
+        self.issued[k, pick] += 1
+        self.last[k, pick] = step
+        return self.candidates[pick]
 
 
 def budget_histogram(chosen: Iterable[int], candidates: Sequence[int]) -> dict[str, int]:

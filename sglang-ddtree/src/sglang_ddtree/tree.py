@@ -46,6 +46,7 @@ __all__ = [
     "DraftTree",
     "build_tree",
     "build_tree_from_topk",
+    "chain_tree",
     "exact_topk",
     "log_softmax_f32",
     "order_key_f32",
@@ -82,6 +83,9 @@ class DraftTree:
         max_depth: D, the depth limit (static).
         row_max, row_logsum: float32 [B, D] or None. The log-softmax normaliser used by ``build_tree``:
             ``logprob = (float32(logit) - row_max) - row_logsum`` (None for ``build_tree_from_topk``).
+        top1_tokens, top1_logprobs: int64 / float32 [B, D] or None. The rank-0 candidate of every depth and its
+            log-probability (the drafter's argmax chain, what DFLASH verifies: :func:`chain_tree`), from the
+            per-depth candidates the tree was built from (free: they are sorted).
     """
 
     tokens: torch.Tensor
@@ -97,6 +101,8 @@ class DraftTree:
     max_depth: int
     row_max: torch.Tensor | None = None
     row_logsum: torch.Tensor | None = None
+    top1_tokens: torch.Tensor | None = None
+    top1_logprobs: torch.Tensor | None = None
 
     @property
     def budget(self) -> int:
@@ -254,12 +260,15 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
             from ._triton_vocab import topk_logprobs
 
             values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k)
-            fields = build_sorted(values.view(bsz, depth, k), indices.view(bsz, depth, k), budget)
+            values, indices = values.view(bsz, depth, k), indices.view(bsz, depth, k)
+            fields = build_sorted(values, indices, budget)
             return DraftTree(
                 **fields,
                 max_depth=depth,
                 row_max=row_max.view(bsz, depth),
                 row_logsum=row_logsum.view(bsz, depth),
+                top1_tokens=indices[..., 0],
+                top1_logprobs=values[..., 0],
             )
         except Exception as exc:
             if not auto or _is_capturing():
@@ -268,7 +277,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
     row_max, row_logsum = row_normalizer(draft_logits)
     values, indices = exact_topk(log_softmax_f32(draft_logits, (row_max, row_logsum)), k)
     tree = _build_sorted(values, indices, budget)
-    return replace(tree, row_max=row_max, row_logsum=row_logsum)
+    return replace(tree, row_max=row_max, row_logsum=row_logsum, top1_tokens=indices[..., 0],
+                   top1_logprobs=values[..., 0])
 
 
 def build_tree_from_topk(
@@ -305,12 +315,33 @@ def build_tree_from_topk(
         try:
             from ._triton_tree import build_sorted
 
-            return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]))
+            return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]),
+                             top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
         except Exception as exc:
             if not auto or _is_capturing():
                 raise
             _triton_failed(exc)
-    return _build_sorted(values, tokens, budget)
+    return replace(_build_sorted(values, tokens, budget), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+
+
+def chain_tree(tree: DraftTree, *, backend: str | None = None) -> DraftTree:
+    """The drafter's argmax chain as a tree (what DFLASH verifies): node d is the rank-0 token at depth d, the
+    only child of node d-1. It is the budget-D tree of a single candidate per depth, so every walk and glue
+    kernel takes it as it takes any tree.
+
+    Args:
+        tree: a tree from :func:`build_tree` / :func:`build_tree_from_topk` (its ``top1_tokens`` and
+            ``top1_logprobs``, [B, D]).
+        backend: as for :func:`build_tree`.
+
+    Returns:
+        DraftTree of budget D on the tree's device (scores: the chain's path log-probabilities).
+    """
+    if tree.top1_tokens is None or tree.top1_logprobs is None:
+        raise ValueError("this tree carries no rank-0 candidates (top1_tokens): build it with build_tree")
+    return build_tree_from_topk(
+        tree.top1_logprobs.float()[..., None], tree.top1_tokens[..., None], tree.max_depth, backend=backend
+    )
 
 
 def _is_capturing() -> bool:

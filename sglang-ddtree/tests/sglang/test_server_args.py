@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from _resolve import base_argv, resolve
 
@@ -201,3 +203,51 @@ def test_a_sliding_window_target_is_refused_at_startup(model_dirs, tmp_path):
     (tmp_path / "off").mkdir()  # a new path: SGLang caches configs per path
     (tmp_path / "off" / "config.json").write_text(json.dumps(cfg))
     resolve(base_argv(dict(model_dirs, target=str(tmp_path / "off")), "DDTREE"))
+
+
+# --- SGLANG_DDTREE_BUDGET (issue 24): the budget chosen per step ------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "num_draft_tokens", "candidates"),
+    [
+        ("auto", "17", "[0, 4, 8, 16]"),  # the chain (block 8 fits in width 17), 4, 8, and the widest
+        ("chain,16", "17", "[0, 16]"),
+        ("fixed", "17", None),
+        ("", "9", None),
+    ],
+)
+def test_the_budget_option_is_checked_and_logged_at_startup(model_dirs, monkeypatch, value, num_draft_tokens,
+                                                           candidates):
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", value)
+    # a handler on the module's own logger: SGLang's argument resolution reconfigures the root logger (caplog's)
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    log = logging.getLogger("sglang_ddtree.sglang.server_args")
+    log.addHandler(handler)
+    try:
+        got = resolve([*base_argv(model_dirs, "DDTREE"), "--speculative-num-draft-tokens", num_draft_tokens])
+    finally:
+        log.removeHandler(handler)
+    assert got["speculative_num_draft_tokens"] == int(num_draft_tokens)  # the widest width: KV and graphs
+    chosen = [r.getMessage() for r in seen if r.getMessage().startswith("DDTREE: budget=")]
+    if candidates is None:
+        assert chosen and chosen[-1].startswith(f"DDTREE: budget={int(num_draft_tokens) - 1} "), chosen
+    else:
+        assert chosen and f"chosen per step among {candidates}" in chosen[-1], chosen
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("chain,4", r"SGLANG_DDTREE_BUDGET='chain,4': the chain verifies the drafter's whole block \(8 tokens\), "
+                    r"wider than --speculative-num-draft-tokens 5; raise it to at least 8"),
+        ("4,40", r"SGLANG_DDTREE_BUDGET='4,40': '40' is not 'chain' or a budget in 1..4"),
+        ("wide", r"'wide' is not 'chain' or a budget"),
+        ("4,4", r"'4' is listed twice"),
+        ("4", r"names one candidate: a per-step choice needs at least two"),
+    ],
+)
+def test_a_bad_budget_option_fails_at_startup_naming_the_variable(model_dirs, monkeypatch, value, message):
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", value)
+    with pytest.raises(ValueError, match=message):
+        resolve([*base_argv(model_dirs, "DDTREE"), "--speculative-num-draft-tokens", "5"])

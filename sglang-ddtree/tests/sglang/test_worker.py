@@ -240,14 +240,13 @@ def test_greedy_head_is_intercepted_only_while_capturing_the_draft():
     assert worker._maybe_build_draft_sampler() is None
 
 
-def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
-    """``_ddtree_round`` end to end on CPU with stand-ins for the two GPU forwards (the drafter's hidden states
-    are given; the target's forward is a stand-in whose argmax follows each node's first child). Checks the
-    emitted tokens, lengths, KV moves in the pool, the drafter-context write and the publish callback."""
+def _stand_in_round(monkeypatch, worker, hidden_size=16, vocab=40):
+    """Everything ``_ddtree_round`` reads, on CPU: a batch of 2, the drafter's hidden states, a KV pool, the
+    target's forward as a stand-in whose argmax follows each node's first child (the verify input it got is in
+    ``seen``), and the drafter-context write captured in ``appended``."""
     from sglang_ddtree.sglang.verify_spec_input import DDTreeVerifyInput
 
-    worker, _ = _worker(block_size=5, budget=8)
-    bs, m, hidden_size, vocab = 2, worker.ddtree_num_nodes, 16, 40
+    bs = 2
     head = _lm_head(hidden_size, vocab, seed=4)
     gen = torch.Generator().manual_seed(9)
     draft_hidden = torch.randn(bs * (worker.block_size - 1), hidden_size, generator=gen)
@@ -257,7 +256,7 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
     kv = torch.arange(400, dtype=torch.float)[:, None].repeat(1, 2)
     pool = StandInKVPool(kv)
     root = torch.tensor([11, 12])
-    worker._draft_block_ids_buf = torch.stack([root, root, root, root, root], 1)
+    worker._draft_block_ids_buf = torch.stack([root] * worker.block_size, 1)
     worker._draft_block_positions_buf = prefix[:, None] + torch.arange(worker.block_size)[None]
     worker._draft_verify_out_cache_loc_buf = torch.gather(req_to_token[pool_rows], 1,
                                                           worker._draft_block_positions_buf)
@@ -275,6 +274,7 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
 
     def stand_in_target_forward(batch=None, forward_batch=None, is_verify=False, skip_attn_backend_init=None):
         vi = seen["verify_input"]
+        m = vi.draft_token_num
         tokens = vi.draft_token.view(bs, m)
         first_child = vi.retrieve_next_token
         follow = torch.where(first_child >= 0, torch.gather(tokens, 1, first_child.clamp(min=0)), 3)
@@ -295,21 +295,28 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
         forward_batch_generation=stand_in_target_forward,
     )
     worker._append_target_hidden_to_draft_kv_by_loc = stand_in_append
-    published = []
-    batch = SimpleNamespace(seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
-                            req_pool_indices=pool_rows, spec_info=SimpleNamespace(), sampling_info=None,
-                            out_cache_loc=None, mamba_track_indices=None)
 
-    result = worker._ddtree_round(batch, draft_hidden, published.append)
+    def new_batch():
+        return SimpleNamespace(seq_lens=prefix.clone(), seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()),
+                               req_pool_indices=pool_rows, spec_info=SimpleNamespace(), sampling_info=None,
+                               out_cache_loc=None, mamba_track_indices=None)
 
-    tree = build_tree((draft_hidden @ head.weight.t()).view(bs, worker.block_size - 1, -1), worker.ddtree_budget)
+    return SimpleNamespace(bs=bs, head=head, draft_hidden=draft_hidden, prefix=prefix, req_to_token=req_to_token,
+                           pool_rows=pool_rows, pool=pool, root=root, seen=seen, appended=appended,
+                           new_batch=new_batch)
+
+
+def _assert_round_committed(worker, r, batch, result, tree):
+    """The round emitted ``tree``'s greedy path under the stand-in target, moved its KV to positions
+    prefix..prefix+accept_len and wrote the accepted nodes' hidden states as the drafter's context."""
+    bs, m, prefix, root = r.bs, tree.budget + 1, r.prefix, r.root
     target = torch.where(tree.first_child >= 0,
                          torch.gather(torch.cat([root[:, None], tree.tokens], 1), 1, tree.first_child.clamp(min=0)), 3)
     accept_index, accept_len, bonus = greedy_walk(tree, target)
     assert int(accept_len.min()) >= 1  # the stand-in target accepts the first-child chain
     commit = accept_len + 1
     assert result.accept_lens.tolist() == commit.tolist()
-    assert result.new_seq_lens.tolist() == (prefix + commit).tolist() and published[0] is result.new_seq_lens
+    assert result.new_seq_lens.tolist() == (prefix + commit).tolist()
     out = result.next_token_ids.view(bs, worker.block_size)
     node_tokens = torch.cat([root[:, None], tree.tokens], 1)
     for b in range(bs):
@@ -318,21 +325,76 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
         assert out[b, n] == bonus[b]
         loc = batch.out_cache_loc.view(bs, m)
         for k in range(n + 1):  # target KV of accepted node accept_index[k] now at position prefix + k
-            slot = req_to_token[pool_rows[b], prefix[b] + k]
-            assert pool.kv[slot, 0] == loc[b, accept_index[b, k]]
+            slot = r.req_to_token[r.pool_rows[b], prefix[b] + k]
+            assert r.pool.kv[slot, 0] == loc[b, accept_index[b, k]]
     # drafter context: row k of request b is the hidden state of accepted node accept_index[b, k]
-    rows = appended["target_hidden"].view(bs, worker.block_size, -1)[..., 0]
+    rows = r.appended["target_hidden"].view(bs, worker.block_size, -1)[..., 0]
     for b in range(bs):
         for k in range(int(accept_len[b]) + 1):
             assert rows[b, k] == b * m + accept_index[b, k]
-    assert appended["commit_lens"].tolist() == commit.tolist()
-    assert torch.equal(appended["positions"], worker._draft_block_positions_buf.reshape(-1))
+    assert r.appended["commit_lens"].tolist() == commit.tolist()
+    assert torch.equal(r.appended["positions"], worker._draft_block_positions_buf.reshape(-1))
     assert result.speculative_num_draft_tokens == worker.block_size
     # the verify input really carried the tree: positions prefix + depth and the FULL-layout mask
-    vi = seen["verify_input"]
+    vi = r.seen["verify_input"]
     assert vi.draft_token_num == m and vi.topk > 1
     assert torch.equal(vi.positions.view(bs, m), prefix[:, None] + tree.positions)
     assert batch.out_cache_loc.numel() == bs * m
+
+
+def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
+    """``_ddtree_round`` end to end on CPU with stand-ins for the two GPU forwards (the drafter's hidden states
+    are given; the target's forward is a stand-in whose argmax follows each node's first child). Checks the
+    emitted tokens, lengths, KV moves in the pool, the drafter-context write and the publish callback."""
+    worker, _ = _worker(block_size=5, budget=8)
+    r = _stand_in_round(monkeypatch, worker)
+    published = []
+    batch = r.new_batch()
+
+    result = worker._ddtree_round(batch, r.draft_hidden, published.append)
+
+    tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
+                      worker.ddtree_budget)
+    _assert_round_committed(worker, r, batch, result, tree)
+    assert published[0] is result.new_seq_lens
+
+
+def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_graphs(monkeypatch):
+    """SGLANG_DDTREE_BUDGET=chain,3,8: the first rounds explore the candidates in order (the chain, budget 3, the
+    widest 8). Each round verifies exactly that tree (the argmax chain; the widest tree's first 3 nodes; the whole
+    tree) at its own width, commits its greedy path, points the target at the graph runner of that width, and
+    feeds the calibration; the expectations of every candidate come from the widest tree."""
+    from sglang_ddtree.budget import CHAIN, expected_accept_length, tree_prefix
+    from sglang_ddtree.sglang.auto_budget import AutoBudget
+    from sglang_ddtree.tree import chain_tree
+
+    worker, _ = _worker(block_size=5, budget=8)
+    r = _stand_in_round(monkeypatch, worker)
+    ticks = iter(range(1000))
+    worker._ddtree_auto = AutoBudget((CHAIN, 3, 8), worker.block_size - 1, worker.block_size,
+                                     torch.device("cpu"), clock=lambda: next(ticks) * 1e-3)
+    worker._ddtree_auto.decision.min_samples = 1
+    runners = {5: "graphs of width 5 (the chain)", 4: "graphs of width 4", 9: "graphs of width 9"}
+    worker._ddtree_width_runners = runners
+    worker._target_worker.model_runner.decode_cuda_graph_runner = runners[9]
+    widest = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1), 8)
+    for expect_candidate, tree, width in ((CHAIN, chain_tree(widest), 5), (3, tree_prefix(widest, 3), 4),
+                                          (8, widest, 9)):
+        batch = r.new_batch()
+        candidate = worker._ddtree_auto.begin_step(r.bs)
+        assert candidate == expect_candidate
+        result = worker._ddtree_round(batch, r.draft_hidden, None, candidate)
+        worker._ddtree_auto.end_step()
+        _assert_round_committed(worker, r, batch, result, tree)
+        assert worker._target_worker.model_runner.decode_cuda_graph_runner == runners[width]
+    auto = worker._ddtree_auto
+    assert auto.total == {CHAIN: 1, 3: 1, 8: 1}
+    assert [c for c in auto.live.costs(r.bs)] == [1.0, 1.0, None]  # the third step's time is read next step
+    # the choice at step 3 read the expectations of step 1 (lagged by two steps; step 1 had no calibration data)
+    first = expected_accept_length(widest, (CHAIN, 3, 8)).mean(dim=0)
+    assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first.tolist())
+    assert float(auto.calibration.predicted.sum()) > 0 and float(auto.calibration.observed.sum()) > 0
+    assert "chosen {'chain': 1, '3': 1, '8': 1} over 3 steps" in auto.summary()
 
 
 def _cpu_multinomial_with_seed(logprobs, seed, positions):

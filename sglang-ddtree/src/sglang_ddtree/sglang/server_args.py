@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,6 +335,13 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"--speculative-num-draft-tokens >= {least} (a budget of at least {least - 1})"
         )
 
+    from ..budget import BUDGET_ENV, parse_budget_option
+
+    try:
+        candidates = parse_budget_option(os.environ.get(BUDGET_ENV), budget, drafter.block_size)
+    except ValueError as exc:
+        raise DDTreeConfigError(str(exc)) from None
+
     raw = getattr(cfg, "_raw_input", None)  # 0.5.23: the user's own inputs; 0.5.17: none kept
     raw = raw if isinstance(raw, dict) else None
     for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
@@ -386,8 +394,8 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             "DDTREE: --max-running-requests not set; using %d (as DFLASH)", DEFAULT_MAX_RUNNING_REQUESTS
         )
     logger.info(
-        "DDTREE: budget=%d (verify width %d), drafter block_size=%d (max depth %d), attention=%s, draft attention=%s",
-        budget,
+        "DDTREE: budget=%s (verify width %d), drafter block_size=%d (max depth %d), attention=%s, draft attention=%s",
+        budget if candidates is None else f"chosen per step among {list(candidates)} (0 = the chain; widest {budget})",
         budget + 1,
         drafter.block_size,
         drafter.block_size - 1,

@@ -9,6 +9,9 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    DFLASH's on every supported SGLang version.
 2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
+   With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
+   tree's first n nodes (the budget-n tree) or the drafter's argmax chain, at that width, with CUDA graphs
+   captured for each width; the widest tree still gives every candidate's expected acceptance.
 3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
    backends' FULL layout, retrieve arrays, each node's KV slot: the argmax chain's nodes at their own depth),
    the target's TARGET_VERIFY forward, then the core's greedy walk (or its exactly lossless ``sampling_walk``
@@ -32,12 +35,14 @@ GPU-only: this module is imported lazily by the registered worker factory. Its t
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from ..tree import build_tree, build_tree_from_topk, resolve_backend
+from ..budget import BUDGET_ENV, CHAIN, parse_budget_option, tree_prefix
+from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, resolve_backend
 from ..verify import greedy_walk, sampling_walk
 from . import testing
 from .commit import commit_plan, tree_mamba_commit_indices
@@ -111,6 +116,8 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None  # resolved at the first commit (the pool
     _ddtree_move_table_resolved = False  # is allocated after the workers are built)
     _ddtree_track_interval_value: int | None = None
+    _ddtree_auto: Any = None  # auto_budget.AutoBudget when SGLANG_DDTREE_BUDGET chooses the budget per step
+    _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -143,8 +150,10 @@ class DDTreeWorker(DFlashWorkerV2):
         if problem:
             raise DDTreeConfigError(lm_head_refusal(problem))
         self._ddtree_resolve_runtime()
-        logger.info("DDTREE worker: budget=%d, block_size=%d, glue=%s", self.ddtree_budget, block_size,
-                    self._ddtree_glue)
+        self._ddtree_setup_auto_budget(block_size)
+        logger.info("DDTREE worker: budget=%s, block_size=%d, glue=%s",
+                    self.ddtree_budget if self._ddtree_auto is None else
+                    f"auto {list(self._ddtree_auto.candidates)} (0 = the chain)", block_size, self._ddtree_glue)
 
     # --- set-up ----------------------------------------------------------------------------------------------
     def _ddtree_resolve_runtime(self) -> None:
@@ -159,6 +168,29 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_prepare_kwargs = {"defer_metadata_init": False} if takes else {}
         if self._need_mamba_verify_commit:
             self._ddtree_track_interval_value = self._ddtree_track_interval()
+
+    def _ddtree_setup_auto_budget(self, block_size: int) -> None:
+        """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, each verify width
+        with CUDA graphs of its own (auto_budget.capture_verify_widths), or the fixed budget (unset)."""
+        try:
+            candidates = parse_budget_option(os.environ.get(BUDGET_ENV), self.ddtree_budget, block_size)
+        except ValueError as exc:
+            raise DDTreeConfigError(str(exc)) from None
+        if candidates is None:
+            return
+        from .auto_budget import AutoBudget, capture_verify_widths, verify_width
+
+        self._ddtree_auto = AutoBudget(candidates, block_size - 1, block_size, torch.device(self.device),
+                                       self._ddtree_tp_group)
+        if not bool(getattr(self.server_args, "disable_cuda_graph", False)):
+            widths = [verify_width(c, block_size) for c in candidates]
+            self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths)
+
+    def _ddtree_select_width(self, width: int) -> None:
+        if self._ddtree_width_runners:
+            from .auto_budget import select_width
+
+            select_width(self.target_worker.model_runner, self._ddtree_width_runners, width)
 
     def _ddtree_require_graph_mask_hook(self) -> None:
         """Refuse to serve when the target's verify CUDA graphs would be captured without the tree mask.
@@ -218,8 +250,12 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         if getattr(batch, "has_grammar", False):
-            # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree).
+            # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree),
+            # with the chain width's graphs when the auto budget captured them.
+            self._ddtree_select_width(self.block_size)
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        auto = self._ddtree_auto
+        candidate = auto.begin_step(len(batch.seq_lens)) if auto is not None else None  # times the whole round
         self._ddtree_capturing = True
         try:
             super().forward_batch_generation(batch, on_publish=None, grammar_barrier=grammar_barrier)
@@ -229,7 +265,10 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE: DFLASH's round did not reach the drafter head")
         finally:
             self._ddtree_capturing = False
-        return self._ddtree_round(batch, draft_hidden, on_publish)
+        result = self._ddtree_round(batch, draft_hidden, on_publish, candidate)
+        if auto is not None:
+            auto.end_step()
+        return result
 
     # --- 2) tree ---------------------------------------------------------------------------------------------
     def _ddtree_lm_head(self):
@@ -263,20 +302,22 @@ class DDTreeWorker(DFlashWorkerV2):
         return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
 
     # --- 3) verify input -------------------------------------------------------------------------------------
-    def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int):
-        """The target attention backend's verify-mask buffer when this batch's mask fits in it (the tree cells
-        are then written into it in place), else None (the whole mask is built)."""
+    def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int, num_nodes: int | None = None):
+        """The target attention backend's verify-mask buffer when this batch's mask (``num_nodes`` tokens per
+        request, default the server's width) fits in it (the tree cells are then written into it in place), else
+        None (the whole mask is built)."""
         backend = self.target_worker.model_runner.attn_backend
         for _ in range(4):  # hybrid backends wrap the full-attention one
             backend = getattr(backend, "full_attn_backend", None) or backend
         buffer = getattr(getattr(backend, "_verify_mask", None), "buffer", None)
-        if buffer is None or mask_numel(prefix_lens_sum, bs, self.ddtree_num_nodes) > buffer.numel():
+        width = self.ddtree_num_nodes if num_nodes is None else num_nodes
+        if buffer is None or mask_numel(prefix_lens_sum, bs, width) > buffer.numel():
             return None
         return buffer
 
     def _ddtree_verify_inputs(self, tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices):
         """TreeVerifyArrays (``out_cache_loc``: each node's KV slot, among positions prefix..prefix+N)."""
-        mask_buffer = self._ddtree_mask_buffer(root_tokens.shape[0], prefix_lens_sum)
+        mask_buffer = self._ddtree_mask_buffer(root_tokens.shape[0], prefix_lens_sum, tree.budget + 1)
         return build_verify_arrays(tree, root_tokens, prefix_lens, prefix_lens_sum, req_to_token, req_pool_indices,
                                    mask_buffer, backend=self._ddtree_glue)
 
@@ -364,8 +405,24 @@ class DDTreeWorker(DFlashWorkerV2):
             except Exception:
                 return None
 
+    def _ddtree_verified_tree(self, tree: DraftTree, candidate: int | None) -> DraftTree:
+        """The tree this step verifies: the widest tree (fixed budget), its first ``candidate`` nodes (the
+        budget-``candidate`` tree, budget.tree_prefix) or the argmax chain (CHAIN); the auto budget's expectations
+        are taken from the widest tree first, and the graphs of the verified width are selected."""
+        if candidate is None:
+            return tree
+        self._ddtree_auto.expect(tree)
+        if candidate == CHAIN:
+            verified = chain_tree(tree, backend=self._ddtree_glue)
+        elif candidate < tree.budget:
+            verified = tree_prefix(tree, candidate)
+        else:
+            verified = tree
+        self._ddtree_select_width(verified.budget + 1)
+        return verified
+
     # --- the round -------------------------------------------------------------------------------------------
-    def _ddtree_round(self, batch, draft_hidden: torch.Tensor, on_publish):
+    def _ddtree_round(self, batch, draft_hidden: torch.Tensor, on_publish, candidate: int | None = None):
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
@@ -373,7 +430,6 @@ class DDTreeWorker(DFlashWorkerV2):
 
         bs = len(batch.seq_lens)
         block_size = self.block_size
-        m = self.ddtree_num_nodes
         draft_input = batch.spec_info
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
@@ -388,6 +444,8 @@ class DDTreeWorker(DFlashWorkerV2):
             draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), self._ddtree_tp_group,
             self._ddtree_vocab_size, force,
         )
+        tree = self._ddtree_verified_tree(tree, candidate)
+        m = tree.budget + 1
 
         # Host-known bound of the prefix lengths (sizes the mask; the layout itself is computed on device).
         seq_lens_cpu = batch.seq_lens_cpu
@@ -447,6 +505,8 @@ class DDTreeWorker(DFlashWorkerV2):
         accept_index, accept_len, bonus = self._ddtree_accept(
             tree, arrays, logits_output.next_token_logits, batch.sampling_info
         )
+        if candidate is not None:
+            self._ddtree_auto.observe(candidate, tree, accept_index, accept_len)
         plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
                            prefix_lens, backend=self._ddtree_glue)
         if testing.STATS_FILE:

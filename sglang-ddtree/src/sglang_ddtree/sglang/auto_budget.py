@@ -1,0 +1,258 @@
+"""The node budget chosen per step (``SGLANG_DDTREE_BUDGET=auto``, issue 24): the SGLang side of ``budget.py``.
+
+Each decode round the worker asks :meth:`AutoBudget.begin_step` which candidate to verify (a tree budget, or the
+drafter's argmax chain: DFLASH's draft), builds the widest tree as always, verifies the chosen prefix of it (or
+the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and the walk's result to
+:meth:`AutoBudget.observe`. What decides:
+
+* expected accepted nodes per candidate (``budget.expected_accept_length`` over the widest tree, with the online
+  ``Calibration``), batch-averaged on the device and copied to pinned host memory without waiting; the choice
+  at step t reads the copy of step t - :data:`EXPECTATION_LAG` (by then long done: the event wait is normally
+  free), so the decode path gains no host synchronisation;
+* the step cost of each candidate at this batch size, measured while serving: CUDA events around every round,
+  read when done (``budget.OnlineStepCost``: exploration of every candidate per batch bucket, then the fastest in
+  committed tokens per second, re-measured now and then). Under tensor parallelism the ranks' measurements are
+  merged every :data:`TP_SYNC_STEPS` steps (one all-reduce of a few hundred numbers on the CPU group) and only the
+  merged table decides, so every rank picks the same width on every step.
+
+Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
+extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
+and :func:`select_width` points the model runner at the runner of the step's width. A width without a runner
+runs eagerly (SGLang's own uniform-width check refuses a graph of another width).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ..budget import (
+    CHAIN,
+    Calibration,
+    OnlineStepCost,
+    accepted_nodes,
+    budget_histogram,
+    chain_accepted,
+    expected_accept_length,
+    observe,
+)
+from ..tree import DraftTree
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EXPECTATION_LAG", "TP_SYNC_STEPS", "AutoBudget", "capture_verify_widths", "select_width", "verify_width"]
+
+#: The choice at step t uses the expectations computed at step t - EXPECTATION_LAG (copied without waiting).
+EXPECTATION_LAG = 2
+#: Tensor parallelism: the ranks' measured costs are merged every this many steps.
+TP_SYNC_STEPS = 64
+#: Seconds between two "DDTREE budget" log lines (the histogram since the previous line, and the costs).
+LOG_EVERY_S = 60.0
+
+
+def verify_width(candidate: int, block_size: int) -> int:
+    """Tokens verified per request: budget + 1 for a tree, the drafter's block for the chain."""
+    return block_size if candidate == CHAIN else candidate + 1
+
+
+class _StepTimer:
+    """Durations of steps without waiting for them: CUDA events on a GPU (read once done), the host clock on
+    CPU (the tests: every op has finished when it returns)."""
+
+    def __init__(self, device: torch.device, clock: Any = None):
+        self.cuda = device.type == "cuda" and clock is None
+        self.clock = clock or time.perf_counter
+        self.pending: collections.deque = collections.deque()
+        self.open: tuple | None = None
+
+    def begin(self, candidate: int, batch_size: int) -> None:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start = self.clock()
+        self.open = (candidate, batch_size, start)
+
+    def end(self) -> None:
+        if self.open is None:
+            return
+        candidate, batch_size, start = self.open
+        self.open = None
+        if self.cuda:
+            stop = torch.cuda.Event(enable_timing=True)
+            stop.record()
+        else:
+            stop = self.clock()
+        self.pending.append((candidate, batch_size, start, stop))
+
+    def done(self) -> list[tuple[int, int, float]]:
+        """(candidate, batch size, ms) of every finished step, oldest first; never waits."""
+        out = []
+        while self.pending:
+            candidate, batch_size, start, stop = self.pending[0]
+            if self.cuda:
+                if not stop.query():
+                    break
+                ms = float(start.elapsed_time(stop))
+            else:
+                ms = (stop - start) * 1000.0
+            self.pending.popleft()
+            out.append((candidate, batch_size, ms))
+        return out
+
+
+class AutoBudget:
+    """The per-step choice of one DDTREE worker (see the module docstring).
+
+    Args:
+        candidates: from ``budget.parse_budget_option`` (the chain first, the widest budget last).
+        max_depth: D = block size - 1.
+        block_size: the drafter's block (the chain's verify width).
+        device: where the trees live.
+        tp_group: SGLang's TP GroupCoordinator when the world size is > 1, else None.
+        clock: test-only host clock (seconds) replacing CUDA events.
+    """
+
+    def __init__(self, candidates: tuple[int, ...], max_depth: int, block_size: int, device: torch.device,
+                 tp_group: Any = None, clock: Any = None):
+        self.candidates = tuple(candidates)
+        self.block_size = int(block_size)
+        self.device = torch.device(device)
+        self.calibration = Calibration.create(max_depth, device=self.device)
+        self.tp_group = tp_group if int(getattr(tp_group, "world_size", 1) or 1) > 1 else None
+        self.live = OnlineStepCost(self.candidates)
+        # the table the choice reads: the live one, or under TP the last merge of every rank's
+        self.decision = self.live if self.tp_group is None else OnlineStepCost(self.candidates)
+        self.timer = _StepTimer(self.device, clock)
+        self.expectations: collections.deque = collections.deque()
+        self.expected = [0.0] * len(self.candidates)
+        self.steps = 0
+        self.chosen: list[int] = []  # since the last log line
+        self.total = dict.fromkeys(self.candidates, 0)
+        self._last_log = time.monotonic()
+
+    # --- the choice -----------------------------------------------------------------------------------------
+    def begin_step(self, batch_size: int) -> int:
+        """The candidate to verify this step (host only; starts timing the step)."""
+        for candidate, bs, ms in self.timer.done():
+            self.live.record(candidate, bs, ms)
+        self.steps += 1
+        if self.tp_group is not None and self.steps % TP_SYNC_STEPS == 0:
+            self._merge_ranks()
+        while len(self.expectations) >= EXPECTATION_LAG:
+            event, host = self.expectations.popleft()
+            if event is not None:
+                event.synchronize()  # recorded EXPECTATION_LAG steps ago: done by now
+            self.expected = host.tolist()
+        candidate = self.decision.choose(self.expected, batch_size)
+        self.chosen.append(candidate)
+        self.total[candidate] += 1
+        self.timer.begin(candidate, batch_size)
+        return candidate
+
+    def end_step(self) -> None:
+        self.timer.end()
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            logger.info("%s", self.summary(recent=True))
+            self.chosen = []
+            self._last_log = now
+
+    def _merge_ranks(self) -> None:
+        """Every rank's measurements, weighted by their sample counts (one all-reduce on the CPU group)."""
+        state = self.live.costs_state()
+        weighted = torch.stack([state[0] * state[1], state[1]])
+        torch.distributed.all_reduce(weighted, group=self.tp_group.cpu_group)
+        merged = torch.stack([weighted[0] / weighted[1].clamp(min=1.0), weighted[1]])
+        self.decision.load_costs(merged)
+
+    # --- what the tree promises and what the target accepted ------------------------------------------------
+    def expect(self, tree: DraftTree) -> None:
+        """Expected accepted nodes of every candidate for this step's widest tree (batch mean), copied to the
+        host without waiting."""
+        expected = expected_accept_length(tree, self.candidates, calibration=self.calibration).mean(dim=0)
+        if self.device.type == "cuda":
+            host = torch.empty(expected.shape, dtype=expected.dtype, device="cpu", pin_memory=True)
+            host.copy_(expected, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = expected, None
+        self.expectations.append((event, host))
+
+    def observe(self, candidate: int, verified: DraftTree, accept_index: torch.Tensor,
+                accept_len: torch.Tensor) -> None:
+        """Fold the verified nodes into the calibration (in place on the device; no host sync)."""
+        if candidate == CHAIN:
+            accepted = chain_accepted(accept_len, verified.budget)
+        else:
+            accepted = accepted_nodes(accept_index, verified.budget)
+        observe(self.calibration, verified.scores, verified.depths, accepted, valid=verified.valid[:, 1:])
+
+    # --- reporting ------------------------------------------------------------------------------------------
+    def summary(self, recent: bool = False) -> str:
+        """One log line: the choices (since the previous line, or all) and the measured ms per batch bucket."""
+        chosen = self.chosen if recent else [c for c, n in self.total.items() for _ in range(n)]
+        hist = budget_histogram(chosen, self.candidates)
+        costs = []
+        for k in range(self.decision.num_buckets):
+            row = [f"{float(e):.2f}" if int(n) else "-" for e, n in
+                   zip(self.decision.ema[k], self.decision.samples[k], strict=True)]
+            if any(x != "-" for x in row):
+                costs.append(f"b<={1 << k}: " + "/".join(row))
+        names = "/".join("chain" if c == CHAIN else str(c) for c in self.candidates)
+        return (f"DDTREE budget: chosen {hist} over {len(chosen)} steps; step ms ({names}) "
+                f"{'; '.join(costs) or 'not measured yet'}")
+
+
+# --- one CUDA graph runner per verify width -------------------------------------------------------------------
+def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any]:
+    """{width: decode graph runner} for the target's verify: the runner SGLang captured (the server's widest
+    width) and one more per other width, each captured by SGLang's own runner class.
+
+    The attention backend's graph buffers (index pointers, the tree-mask buffer, KV indices) were sized for the
+    widest width; the extra runners reuse them rather than re-allocate them (which would leave the captured
+    graphs reading freed memory): their ``init_cuda_graph_state`` call is skipped. Returns {} when the server
+    runs without CUDA graphs; a width whose capture fails is left out (it then runs eagerly) with one log line.
+    """
+    base = getattr(model_runner, "decode_cuda_graph_runner", None)
+    if base is None or not hasattr(base, "captured_req_width"):
+        return {}
+    runners = {int(base.captured_req_width): base}
+    backend = base.attn_backend
+    widest = max(runners)
+    extra = sorted({int(w) for w in widths} - set(runners), reverse=True)
+    too_wide = [w for w in extra if w > widest]
+    if too_wide:
+        raise ValueError(f"verify widths {too_wide} exceed the captured width {widest}")
+    if not extra:
+        return runners
+    free_before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+    began = time.perf_counter()
+    backend.init_cuda_graph_state = lambda *args, **kwargs: None  # instance attribute: the class method stays
+    try:
+        for width in extra:
+            try:
+                runners[width] = type(base)(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
+            except Exception as exc:  # the width runs eagerly: slower, still exact
+                logger.warning("DDTREE budget: no CUDA graphs for verify width %d (%s: %s); it runs eagerly",
+                               width, type(exc).__name__, exc)
+    finally:
+        del backend.init_cuda_graph_state
+        model_runner.decode_cuda_graph_runner = base
+    free_after = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+    logger.info("DDTREE budget: captured verify graphs for widths %s besides %d in %.1f s, %.2f GB",
+                [w for w in extra if w in runners], widest, time.perf_counter() - began,
+                (free_before - free_after) / 2**30)
+    return runners
+
+
+def select_width(model_runner: Any, runners: dict[int, Any], width: int) -> None:
+    """Point the model runner at the graph runner captured for ``width`` (none: the widest, which SGLang's
+    uniform-width check then declines, so the step runs eagerly)."""
+    if runners:
+        model_runner.decode_cuda_graph_runner = runners.get(width, runners[max(runners)])

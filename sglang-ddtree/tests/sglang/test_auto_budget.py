@@ -1,0 +1,122 @@
+"""The auto budget's SGLang glue (sglang_ddtree.sglang.auto_budget): one decode graph runner per verify width, and
+what it relies on in the installed SGLang release."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_ddtree.budget import CHAIN
+from sglang_ddtree.sglang.auto_budget import AutoBudget, capture_verify_widths, select_width, verify_width
+
+
+class StandInBackend:
+    """Stand-in for the target's attention backend: counts ``init_cuda_graph_state`` calls (which re-allocate the
+    graph buffers the captured graphs read)."""
+
+    def __init__(self):
+        self.inits = 0
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        self.inits += 1
+
+
+class StandInRunner:
+    """Stand-in for SGLang's DecodeCudaGraphRunner (it captures on a GPU): records its construction, calls the
+    backend's ``init_cuda_graph_state`` as the real constructor does, and refuses the widths in ``FAILS``."""
+
+    FAILS: set[int] = set()
+    built: list[int] = []
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None):
+        if speculative_num_draft_tokens in self.FAILS:
+            raise RuntimeError("capture failed: out of memory")
+        self.attn_backend = attn_backend
+        self.captured_req_width = speculative_num_draft_tokens
+        attn_backend.init_cuda_graph_state(8, 8 * speculative_num_draft_tokens)
+        type(self).built.append(speculative_num_draft_tokens)
+        model_runner.decode_cuda_graph_runner = self  # SGLang's capture path sets it; the widest must come back
+
+
+def _model_runner(width=17):
+    backend = StandInBackend()
+    base = object.__new__(StandInRunner)
+    base.attn_backend, base.captured_req_width = backend, width
+    return SimpleNamespace(decode_cuda_graph_runner=base), base, backend
+
+
+def test_extra_widths_are_captured_widest_first_sharing_the_backends_buffers(monkeypatch):
+    monkeypatch.setattr(StandInRunner, "built", [])
+    model_runner, base, backend = _model_runner(17)
+    runners = capture_verify_widths(model_runner, [5, 9, 16, 17, 9])
+    assert StandInRunner.built == [16, 9, 5]
+    assert set(runners) == {5, 9, 16, 17} and runners[17] is base
+    assert all(r.attn_backend is backend and r.captured_req_width == w for w, r in runners.items())
+    assert backend.inits == 0, "the widest runner's graph buffers must not be re-allocated"
+    assert "init_cuda_graph_state" not in vars(backend)  # the backend's own method is back
+    backend.init_cuda_graph_state(1, 1)
+    assert backend.inits == 1
+    assert model_runner.decode_cuda_graph_runner is base
+
+
+def test_a_width_that_fails_to_capture_runs_eagerly_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(StandInRunner, "built", [])
+    monkeypatch.setattr(StandInRunner, "FAILS", {9})
+    model_runner, base, backend = _model_runner(17)
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        runners = capture_verify_widths(model_runner, [5, 9, 17])
+    assert set(runners) == {5, 17}
+    assert any("no CUDA graphs for verify width 9 (RuntimeError: capture failed" in r.getMessage()
+               for r in caplog.records)
+    select_width(model_runner, runners, 9)
+    assert model_runner.decode_cuda_graph_runner is base  # the widest: SGLang's width check then runs it eagerly
+    select_width(model_runner, runners, 5)
+    assert model_runner.decode_cuda_graph_runner is runners[5]
+
+
+def test_without_graphs_nothing_is_captured_and_wider_widths_are_refused():
+    assert capture_verify_widths(SimpleNamespace(decode_cuda_graph_runner=None), [5, 9]) == {}
+    model_runner, _, _ = _model_runner(9)
+    with pytest.raises(ValueError, match=r"verify widths \[17\] exceed the captured width 9"):
+        capture_verify_widths(model_runner, [5, 17])
+    select_width(model_runner, {}, 5)  # no runners: nothing to point at
+
+
+def test_verify_widths():
+    assert verify_width(CHAIN, 16) == 16 and verify_width(8, 16) == 9 and verify_width(16, 16) == 17
+
+
+def test_the_summary_line_names_choices_and_measured_costs():
+    ticks = iter([0.0, 0.004, 0.010, 0.016, 0.020])
+    auto = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), clock=lambda: next(ticks))
+    auto.decision.min_samples = 1
+    for _ in range(2):
+        auto.begin_step(3)
+        auto.end_step()
+    auto.begin_step(3)  # reads the two finished steps: the chain 4 ms, budget 8 6 ms (batch bucket 3-4)
+    line = auto.summary()
+    assert line.startswith("DDTREE budget: chosen {'chain': 2, '8': 1} over 3 steps"), line  # 3 commits/4 ms wins
+    assert "step ms (chain/8) b<=4: 4.00/6.00" in line, line
+
+
+# --- what the glue relies on in the installed SGLang ----------------------------------------------------------
+def test_sglang_builds_a_graph_runner_per_width_and_replays_only_its_own_width():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    params = inspect.signature(DecodeCudaGraphRunner.__init__).parameters
+    assert {"attn_backend", "speculative_num_draft_tokens"} <= set(params)  # capture_verify_widths' keywords
+    # a runner replays a batch only at its own width (else SGLang runs it eagerly): a wrong pick is never wrong
+    assert "captured_req_width" in inspect.getsource(DecodeCudaGraphRunner.can_run_graph)
+    # the model runner replays through this attribute (select_width points it at the step's runner)
+    assert "self.decode_cuda_graph_runner.can_run_graph(forward_batch)" in inspect.getsource(ModelRunner.forward) \
+        or "decode_cuda_graph_runner.can_run_graph" in inspect.getsource(ModelRunner)
+    # one Triton backend serves every width: the verify width comes from the batch's spec_info (0.5.17 reads its
+    # draft_token_num, 0.5.23 its num_tokens_per_req, which DFlashVerifyInput derives from draft_token_num)
+    source = inspect.getsource(TritonAttnBackend)
+    assert "spec_info.draft_token_num" in source or "spec_info.num_tokens_per_req" in source
