@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -29,10 +30,11 @@ class StandInRunner:
     """Stand-in for SGLang's DecodeCudaGraphRunner (it captures on a GPU): records its construction, calls the
     backend's ``init_cuda_graph_state`` as the real constructor does, and refuses the widths in ``FAILS``."""
 
-    FAILS: set[int] = set()
-    built: list[int] = []
+    FAILS: ClassVar[set[int]] = set()
+    built: ClassVar[list[int]] = []
 
-    def __init__(self, model_runner, *, attn_backend=None, speculative_num_steps=None, speculative_num_draft_tokens=None):
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_steps=None,
+                 speculative_num_draft_tokens=None):
         if speculative_num_draft_tokens in self.FAILS:
             raise RuntimeError("capture failed: out of memory")
         self.attn_backend = attn_backend
@@ -66,7 +68,7 @@ def test_extra_widths_are_captured_widest_first_sharing_the_backends_buffers(mon
 def test_a_width_that_fails_to_capture_runs_eagerly_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(StandInRunner, "built", [])
     monkeypatch.setattr(StandInRunner, "FAILS", {9})
-    model_runner, base, backend = _model_runner(17)
+    model_runner, base, _ = _model_runner(17)
     with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
         runners = capture_verify_widths(model_runner, [5, 9, 17])
     assert set(runners) == {5, 17}
