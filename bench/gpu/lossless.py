@@ -76,10 +76,14 @@ def read_stats(path: Path) -> dict[str, list[dict]]:
 
 def summarize_stats(rounds: list[dict]) -> dict:
     hist: Counter = Counter()
+    widths: Counter = Counter()  # verify width -> (rounds, rounds replayed from graphs): the auto budget's widths
+    graphed: Counter = Counter()
     nonfirst = 0
     diffs, argmax_diff, graph_rounds = [], 0, 0
     for rec in rounds:
         hist.update(rec["accept_len"])
+        widths[rec.get("width")] += 1
+        graphed[rec.get("width")] += bool(rec.get("graph"))
         nonfirst += sum(rec["nonfirst"])
         graph_rounds += bool(rec.get("graph"))
         if "graph_vs_eager_max_abs" in rec:
@@ -94,6 +98,7 @@ def summarize_stats(rounds: list[dict]) -> dict:
         "graph_vs_eager_max_abs": max(diffs) if diffs else None,
         "graph_vs_eager_checked_rounds": len(diffs),
         "graph_vs_eager_argmax_diff_nodes": argmax_diff,
+        "rounds_by_width": {str(w): [widths[w], graphed[w]] for w in sorted(widths, key=str)},
     }
 
 
@@ -156,6 +161,8 @@ def main() -> int:
     ap.add_argument("--label", required=True, choices=["pure", "hybrid"])
     ap.add_argument("--budgets", default="4,8,16")
     ap.add_argument("--before", action="store_true", help="also run budget 16 without the graph hook")
+    ap.add_argument("--auto", action="store_true",
+                    help="also run SGLANG_DDTREE_BUDGET=auto (issue 24) with the largest budget as the widest")
     ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at the largest budget")
     ap.add_argument("--no-equality", action="store_true", help="only the sampling test (e.g. on a flat target)")
     ap.add_argument("--samples", type=int, default=4000)
@@ -182,8 +189,12 @@ def main() -> int:
     configs = [(f"ddtree-b{b}", b, True) for b in budgets]
     if args.before:
         configs.append(("ddtree-b16-before", 16, False))
+    if args.auto:  # every step verifies the candidate the auto budget chose, at that width with its graphs
+        configs.append(("ddtree-auto", max(budgets), True))
     for name, budget, fixed in configs:
         env = {} if args.natural else {"SGLANG_DDTREE_TEST_ORACLE": str(oracle)}
+        if name == "ddtree-auto":
+            env["SGLANG_DDTREE_BUDGET"] = "auto"
         env |= {
             "SGLANG_DDTREE_TEST_STATS": str(args.work / f"{name}.jsonl"),
             "SGLANG_DDTREE_TEST_GRAPH_CHECK": "1",
@@ -216,7 +227,7 @@ def main() -> int:
                     "backend": "triton",
                     "target": args.label,
                     "batch": int(batch),
-                    "budget": budget,
+                    "budget": "auto" if name == "ddtree-auto" else budget,
                     "graph_mask_fix": fixed,
                     "prompts": len(base[key]),
                     **eq,

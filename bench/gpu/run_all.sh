@@ -10,7 +10,7 @@
 # (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench (bench/tree_build.py),
 # sglang-setup (unpack BUNDLE into /tmp/site, install the plugin and z-lab's dflash wheel if carried, tiny
 # models), measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13;
-# LOSSLESS_BUDGETS, HYBRID_BUDGETS), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
+# LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto, issue 24), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
 # measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
 # process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:

@@ -20,7 +20,17 @@ from pathlib import Path
 
 from engine_run import run_config
 
-CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", 4), ("DDTREE", 8), ("DDTREE", 16), ("DDTREE", 32)]
+CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", 4), ("DDTREE", 8), ("DDTREE", 16), ("DDTREE", 32),
+           ("DDTREE", "auto")]
+#: DDTREE "auto" (issue 24): SGLANG_DDTREE_BUDGET=auto on a server whose widest budget is this (candidates: the
+#: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget)
+AUTO_WIDEST = 32
+
+
+def last_stats(path: Path) -> dict | None:
+    """The auto budget's last stats line (steps, budget_histogram, step_ms), or None."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]) if lines else None
 
 
 def reference_tau(log: dict, method: str, budget: int, temperature: float) -> float | None:
@@ -43,24 +53,28 @@ def zlab_tau(log: dict, method: str, temperature: float) -> float | None:
     return None
 
 
-def table_rows(runs: dict[tuple[str, int], dict], log: dict) -> list[dict]:
-    """Rows of the result (every configuration x batch x temperature), speedup = tok_s / no speculation's."""
+def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]:
+    """Rows of the result (every configuration x batch x temperature), speedup = tok_s / no speculation's; the
+    auto budget's rows are ``ddtree-auto`` with the run's ``budget_histogram`` (over all its batches)."""
     base = {(r["batch"], r["temperature"]): r["tok_s"] for r in runs.get(("none", 0), {}).get("tau", [])}
     rows = []
     for (method, budget), rec in runs.items():
         for r in rec.get("tau", []):
             ref_none = base.get((r["batch"], r["temperature"]))
+            auto = budget == "auto"
             rows.append(
                 {
-                    "method": method.lower(),
+                    "method": "ddtree-auto" if auto else method.lower(),
                     "budget": budget or None,
                     "batch": r["batch"],
                     "temperature": r["temperature"],
                     "tau_sglang": round(r["tau"], 4) if method != "none" else 1.0,
-                    "tau_reference": reference_tau(log, method, budget, r["temperature"]) if method != "none" else 1.0,
+                    "tau_reference": None if auto else (
+                        reference_tau(log, method, budget, r["temperature"]) if method != "none" else 1.0),
                     "tau_zlab": zlab_tau(log, method, r["temperature"]),
                     "tok_s": round(r["tok_s"], 1),
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
+                    **({"budget_histogram": (rec.get("budget_stats") or {}).get("budget_histogram")} if auto else {}),
                 }
             )
     return rows
@@ -106,7 +120,14 @@ def main() -> int:
             "--new-tokens",
             str(args.new_tokens),
         ]
-        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, budget or 16, "tau", extra)
+        env = None
+        if budget == "auto":
+            stats = args.work / "tau-DDTREE-auto-budget.jsonl"
+            env = {"SGLANG_DDTREE_BUDGET": "auto", "SGLANG_DDTREE_BUDGET_STATS": str(stats)}
+        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method,
+                         AUTO_WIDEST if budget == "auto" else budget or 16, "tau", extra, env)
+        if rec is not None and budget == "auto":
+            rec["budget_stats"] = last_stats(stats)
         if rec is not None:
             runs[(method, budget)] = rec
     log_path = args.pair / "train_log.json"

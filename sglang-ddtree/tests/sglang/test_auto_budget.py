@@ -4,6 +4,7 @@ what it relies on in the installed SGLang release."""
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from types import SimpleNamespace
 from typing import ClassVar
@@ -122,3 +123,21 @@ def test_sglang_builds_a_graph_runner_per_width_and_replays_only_its_own_width()
     # draft_token_num, 0.5.23 its num_tokens_per_req, which DFlashVerifyInput derives from draft_token_num)
     source = inspect.getsource(TritonAttnBackend)
     assert "spec_info.draft_token_num" in source or "spec_info.num_tokens_per_req" in source
+
+
+def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, tmp_path):
+    path = tmp_path / "budget.jsonl"
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET_STATS", str(path))
+    ticks = iter(range(10_000))
+    auto = AutoBudget((CHAIN, 4, 8), 3, 4, torch.device("cpu"), clock=lambda: next(ticks) * 1e-3)
+    for _ in range(128):
+        auto.begin_step(1)
+        auto.end_step()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["steps"] for line in lines] == [64, 128]
+    assert lines[-1]["budget_histogram"] == {"chain": auto.total[CHAIN], "4": auto.total[4], "8": auto.total[8]}
+    assert sum(lines[-1]["budget_histogram"].values()) == 128
+    assert lines[-1]["step_ms"] == {"b<=1": {"chain": 1.0, "4": 1.0, "8": 1.0}}  # one tick a step
+    # a second TP rank writes nothing (the first rank's file is the record)
+    other = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
+    assert other.stats_path is None

@@ -24,7 +24,9 @@ runs eagerly (SGLang's own uniform-width check refuses a graph of another width)
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -44,7 +46,15 @@ from ..tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXPECTATION_LAG", "TP_SYNC_STEPS", "AutoBudget", "capture_verify_widths", "select_width", "verify_width"]
+__all__ = [
+    "EXPECTATION_LAG",
+    "STATS_ENV",
+    "TP_SYNC_STEPS",
+    "AutoBudget",
+    "capture_verify_widths",
+    "select_width",
+    "verify_width",
+]
 
 #: The choice at step t uses the expectations computed at step t - EXPECTATION_LAG (copied without waiting).
 EXPECTATION_LAG = 2
@@ -52,6 +62,10 @@ EXPECTATION_LAG = 2
 TP_SYNC_STEPS = 64
 #: Seconds between two "DDTREE budget" log lines (the histogram since the previous line, and the costs).
 LOG_EVERY_S = 60.0
+#: Benchmarks: a file path; every :data:`STATS_EVERY` steps the first TP rank appends one JSON line with the steps
+#: so far, the histogram of the choices and the measured costs (host data only: writing it never waits for the GPU).
+STATS_ENV = "SGLANG_DDTREE_BUDGET_STATS"
+STATS_EVERY = 64
 
 
 def verify_width(candidate: int, block_size: int) -> int:
@@ -134,6 +148,8 @@ class AutoBudget:
         self.chosen: list[int] = []  # since the last log line
         self.total = dict.fromkeys(self.candidates, 0)
         self._last_log = time.monotonic()
+        first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
+        self.stats_path = os.environ.get(STATS_ENV) if first_rank else None
 
     # --- the choice -----------------------------------------------------------------------------------------
     def begin_step(self, batch_size: int) -> int:
@@ -156,6 +172,8 @@ class AutoBudget:
 
     def end_step(self) -> None:
         self.timer.end()
+        if self.stats_path and self.steps % STATS_EVERY == 0:
+            self.write_stats()
         now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_S:
             logger.info("%s", self.summary(recent=True))
@@ -194,6 +212,22 @@ class AutoBudget:
         observe(self.calibration, verified.scores, verified.depths, accepted, valid=verified.valid[:, 1:])
 
     # --- reporting ------------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Steps, the histogram of every choice so far, and the measured ms per batch bucket and candidate."""
+        name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
+        costs = {}
+        for k in range(self.decision.num_buckets):
+            row = {name[c]: round(float(e), 4) for c, e, n in
+                   zip(self.candidates, self.decision.ema[k], self.decision.samples[k], strict=True) if int(n)}
+            if row:
+                costs[f"b<={1 << k}"] = row
+        return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
+                "step_ms": costs}
+
+    def write_stats(self) -> None:
+        with open(self.stats_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(self.stats()) + "\n")
+
     def summary(self, recent: bool = False) -> str:
         """One log line: the choices (since the previous line, or all) and the measured ms per batch bucket."""
         chosen = self.chosen if recent else [c for c, n in self.total.items() for _ in range(n)]

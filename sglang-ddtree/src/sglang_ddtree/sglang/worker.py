@@ -511,7 +511,7 @@ class DDTreeWorker(DFlashWorkerV2):
                            prefix_lens, backend=self._ddtree_glue)
         if testing.STATS_FILE:
             record = {
-                "bs": bs, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
+                "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
                 "nonfirst": testing.nonfirst_accepts(tree, accept_index, accept_len).tolist(),
                 "moves": int((plan.move_src >= 0).sum()),
             }
