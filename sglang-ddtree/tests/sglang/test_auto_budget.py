@@ -89,6 +89,18 @@ def test_without_graphs_nothing_is_captured_and_wider_widths_are_refused():
     select_width(model_runner, {}, 5)  # no runners: nothing to point at
 
 
+def test_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
+    """The hybrid linear-attention backend keeps per-width graph state: nothing is captured beside the widest."""
+    monkeypatch.setattr(StandInRunner, "built", [])
+    model_runner, base, backend = _model_runner(17)
+    backend.update_mamba_state_after_mtp_verify = lambda **kwargs: None
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        runners = capture_verify_widths(model_runner, [5, 9, 17])
+    assert runners == {17: base} and StandInRunner.built == []
+    assert any("hybrid linear-attention target: verify widths [9, 5] run without CUDA graphs" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_verify_widths():
     assert verify_width(CHAIN, 16) == 16 and verify_width(8, 16) == 9 and verify_width(16, 16) == 17
 

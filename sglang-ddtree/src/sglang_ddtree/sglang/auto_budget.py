@@ -18,7 +18,9 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
 Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
 extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
 and :func:`select_width` points the model runner at the runner of the step's width. A width without a runner
-runs eagerly (SGLang's own uniform-width check refuses a graph of another width).
+runs eagerly (SGLang's own uniform-width check refuses a graph of another width): so far every width but the
+widest on hybrid linear-attention targets, whose backend keeps per-width graph state. The measured costs then
+include the eager run, so the choice only takes a narrower width where it pays even so.
 """
 
 from __future__ import annotations
@@ -264,6 +266,13 @@ def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any
     if too_wide:
         raise ValueError(f"verify widths {too_wide} exceed the captured width {widest}")
     if not extra:
+        return runners
+    if hasattr(backend, "update_mamba_state_after_mtp_verify"):
+        # The hybrid linear-attention backend precomputes per-width graph state (query start offsets and the
+        # retrieve buffers, [bs, width]) in init_cuda_graph_state: sharing the widest's would replay a narrower
+        # verify with the widest's offsets. Narrower widths run eagerly (exact; their measured cost says so).
+        logger.warning("DDTREE budget: hybrid linear-attention target: verify widths %s run without CUDA graphs "
+                       "(only the widest, %d, has them)", extra, widest)
         return runners
     free_before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
     began = time.perf_counter()
