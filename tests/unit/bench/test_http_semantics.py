@@ -296,7 +296,7 @@ def test_the_processor_is_serialized_as_sglangs_docs_say_and_loads_back():
         "logits = processor(torch.zeros(2, 6), [{'token_ids': [1, 4]}, {'token_ids': [1, 4]}])\n"
         "assert torch.isinf(logits[:, [1, 4]]).all() and not torch.isinf(logits[:, [0, 2, 3, 5]]).any(), logits\n"
     )
-    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -493,7 +493,7 @@ def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path):
         [sys.executable, str(SCRIPT), "--models", str(standin_models), "--work", str(tmp_path / "work"), "--budget",
          "8", "--context-length", "256", "--gpu", "lab-standin", "--results", str(results), "--server-module",
          "sglang_lab_server", "--timeout", "300"],
-        capture_output=True, text=True, env=env, timeout=900)
+        capture_output=True, text=True, env=env, timeout=900, check=False)
     status, out = run.returncode, run.stdout + run.stderr
     md = list(results.glob("http-semantics-lab-standin-*.md"))
     assert len(md) == 1, out[-3000:]
