@@ -101,6 +101,41 @@ def test_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
                for r in caplog.records)
 
 
+def test_after_sglang_captures_anew_the_old_widths_are_dropped(caplog):
+    model_runner, base, _ = _model_runner(17)
+    runners = {17: base, 9: "graphs of width 9"}
+    model_runner.decode_cuda_graph_runner = fresh = object()  # a weight update recaptured SGLang's graphs
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        select_width(model_runner, runners, 9)
+    assert runners == {} and model_runner.decode_cuda_graph_runner is fresh
+    assert any("captured its verify graphs anew" in r.getMessage() for r in caplog.records)
+
+
+def test_the_worker_captures_the_widths_after_sglang_captured_the_target(monkeypatch):
+    """SGLang's scheduler builds the workers, then captures the target's graphs, then calls the draft worker's
+    init_cuda_graphs: the widths are captured there (DFLASH's drafter graphs first)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.sglang.worker import DDTreeWorker
+
+    calls = []
+    monkeypatch.setattr(DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append("drafter graphs"))
+    monkeypatch.setattr(StandInRunner, "built", [])
+    model_runner, base, _ = _model_runner(17)
+    worker = object.__new__(DDTreeWorker)
+    worker.block_size = 8
+    worker._target_worker = SimpleNamespace(model_runner=model_runner)
+    worker._ddtree_auto = AutoBudget((CHAIN, 4, 16), 7, 8, torch.device("cpu"))
+    worker.init_cuda_graphs()
+    assert calls == ["drafter graphs"] and StandInRunner.built == [8, 5]  # the chain (block 8), budget 4
+    assert set(worker._ddtree_width_runners) == {17, 8, 5}
+    # fixed budget, or graphs disabled (no target runner): nothing more than DFLASH's
+    worker._ddtree_width_runners = None
+    model_runner.decode_cuda_graph_runner = None
+    worker.init_cuda_graphs()
+    assert calls == ["drafter graphs"] * 2 and worker._ddtree_width_runners is None
+
+
 def test_verify_widths():
     assert verify_width(CHAIN, 16) == 16 and verify_width(8, 16) == 9 and verify_width(16, 16) == 17
 

@@ -296,6 +296,17 @@ def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any
 
 def select_width(model_runner: Any, runners: dict[int, Any], width: int) -> None:
     """Point the model runner at the graph runner captured for ``width`` (none: the widest, which SGLang's
-    uniform-width check then declines, so the step runs eagerly)."""
-    if runners:
-        model_runner.decode_cuda_graph_runner = runners.get(width, runners[max(runners)])
+    uniform-width check then declines, so the step runs eagerly).
+
+    When SGLang has captured its graphs anew since (a weight update with recapture), the model runner holds a
+    runner that is not one of ``runners``: those are of the old capture, so ``runners`` is emptied (the other
+    widths run eagerly from then on) and SGLang's runner is kept."""
+    if not runners:
+        return
+    current = model_runner.decode_cuda_graph_runner
+    if current is not None and not any(current is r for r in runners.values()):
+        logger.warning("DDTREE budget: SGLang captured its verify graphs anew (a weight update?): the other widths "
+                       "run without CUDA graphs from now on")
+        runners.clear()
+        return
+    model_runner.decode_cuda_graph_runner = runners.get(width, runners[max(runners)])

@@ -170,21 +170,33 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_track_interval_value = self._ddtree_track_interval()
 
     def _ddtree_setup_auto_budget(self, block_size: int) -> None:
-        """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, each verify width
-        with CUDA graphs of its own (auto_budget.capture_verify_widths), or the fixed budget (unset)."""
+        """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, or the fixed
+        budget (unset). The extra widths' CUDA graphs are captured in :meth:`init_cuda_graphs`."""
         try:
             candidates = parse_budget_option(os.environ.get(BUDGET_ENV), self.ddtree_budget, block_size)
         except ValueError as exc:
             raise DDTreeConfigError(str(exc)) from None
         if candidates is None:
             return
-        from .auto_budget import AutoBudget, capture_verify_widths, verify_width
+        from .auto_budget import AutoBudget
 
         self._ddtree_auto = AutoBudget(candidates, block_size - 1, block_size, torch.device(self.device),
                                        self._ddtree_tp_group)
-        if not bool(getattr(self.server_args, "disable_cuda_graph", False)):
-            widths = [verify_width(c, block_size) for c in candidates]
-            self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths)
+
+    def init_cuda_graphs(self):
+        """DFLASH's drafter graphs, then (auto budget) the target's verify graphs of every other candidate width.
+
+        SGLang's scheduler captures the target's graphs (``tp_worker.init_cuda_graphs``, at the widest width) and
+        then calls this, after the KV pools exist: the workers are built before either."""
+        super().init_cuda_graphs()
+        auto = self._ddtree_auto
+        runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+        if auto is None or runner is None:
+            return
+        from .auto_budget import capture_verify_widths, verify_width
+
+        widths = [verify_width(c, self.block_size) for c in auto.candidates]
+        self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths)
 
     def _ddtree_select_width(self, width: int) -> None:
         if self._ddtree_width_runners:
