@@ -128,7 +128,7 @@ def test_the_worker_captures_the_widths_after_sglang_captured_the_target(monkeyp
     worker._ddtree_auto = AutoBudget((CHAIN, 4, 16), 7, 8, torch.device("cpu"))
     worker.init_cuda_graphs()
     assert calls == ["drafter graphs"] and StandInRunner.built == [8, 5]  # the chain (block 8), budget 4
-    assert set(worker._ddtree_width_runners) == {17, 8, 5}
+    assert set(worker._ddtree_width_runners) == {17, 8, 5} and worker._ddtree_width_runners[17] is base
     # fixed budget, or graphs disabled (no target runner): nothing more than DFLASH's
     worker._ddtree_width_runners = None
     model_runner.decode_cuda_graph_runner = None
