@@ -440,10 +440,10 @@ class OnlineStepCost:
     """Step costs measured while serving, and the per-step choice made from them.
 
     Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) and candidate: an
-    exponential moving average of the step's duration in ms (``ema`` float64 [K, C]) and its sample count
-    (``samples`` int64 [K, C]), fed by :meth:`record`; and, fed by :meth:`choose`, how often the choice issued each
-    candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps`` counts the bucket's
-    steps). All on the host (a few hundred numbers).
+    exponential moving average of the step's duration in ms (``ema[k][c]``) and its sample count
+    (``samples[k][c]``), fed by :meth:`record`; and, fed by :meth:`choose`, how often the choice issued each
+    candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps[k]`` counts the bucket's
+    steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
 
     :meth:`choose` is a function of these tables, the batch size and the expectations only. Tensor-parallel ranks
     that load the same costs (:meth:`costs_state` / :meth:`load_costs`, after an all-reduce) and see the same
@@ -467,12 +467,13 @@ class OnlineStepCost:
             raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
         if not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1:
             raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1")
-        shape = (self.num_buckets, len(self.candidates))
-        self.ema = torch.zeros(shape, dtype=torch.float64)
-        self.samples = torch.zeros(shape, dtype=torch.int64)
-        self.issued = torch.zeros(shape, dtype=torch.int64)
-        self.last = torch.zeros(shape, dtype=torch.int64)
-        self.steps = torch.zeros(self.num_buckets, dtype=torch.int64)
+        width = len(self.candidates)
+        self.ema: list[list[float]] = [[0.0] * width for _ in range(self.num_buckets)]
+        self.samples: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
+        self.issued: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
+        self.last: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
+        self.steps: list[int] = [0] * self.num_buckets
+        self._index = {c: i for i, c in enumerate(self.candidates)}
 
     def bucket(self, batch_size: int) -> int:
         """0 for batch 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...: ceil(log2(batch_size)), capped at num_buckets - 1."""
@@ -484,24 +485,27 @@ class OnlineStepCost:
         """Fold one step's measured duration (ms > 0 and finite; anything else is ignored) into its cell."""
         if not (math.isfinite(ms) and ms > 0):
             return
-        k, c = self.bucket(batch_size), self.candidates.index(candidate)
-        n = int(self.samples[k, c])
-        self.ema[k, c] = ms if n == 0 else (1.0 - self.alpha) * float(self.ema[k, c]) + self.alpha * ms
-        self.samples[k, c] = n + 1
+        if candidate not in self._index:
+            raise ValueError(f"{candidate} is not a candidate {self.candidates}")
+        k, c = self.bucket(batch_size), self._index[candidate]
+        n = self.samples[k][c]
+        self.ema[k][c] = ms if n == 0 else (1.0 - self.alpha) * self.ema[k][c] + self.alpha * ms
+        self.samples[k][c] = n + 1
 
     def costs(self, batch_size: int) -> list[float | None]:
         """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
         k = self.bucket(batch_size)
-        return [float(e) if int(n) > 0 else None for e, n in zip(self.ema[k], self.samples[k], strict=True)]
+        return [e if n > 0 else None for e, n in zip(self.ema[k], self.samples[k], strict=True)]
 
     def costs_state(self) -> torch.Tensor:
         """float64 [2, K, C]: (ema, samples) for an all-reduce across ranks."""
-        return torch.stack([self.ema, self.samples.double()])
+        return torch.tensor([self.ema, self.samples], dtype=torch.float64)
 
     def load_costs(self, state: torch.Tensor) -> None:
-        """Take (ema, samples) as :meth:`costs_state` lays them out (e.g. the ranks' mean)."""
-        self.ema.copy_(state[0])
-        self.samples.copy_(state[1].round().long())
+        """Take (ema, samples) as :meth:`costs_state` lays them out (e.g. the ranks' merge)."""
+        ema, samples = state.tolist()
+        self.ema = [[float(x) for x in row] for row in ema]
+        self.samples = [[round(x) for x in row] for row in samples]
 
     def choose(self, expected: Sequence[float], batch_size: int) -> int:
         """The candidate to verify this step, and count it as issued.
@@ -519,22 +523,23 @@ class OnlineStepCost:
             raise ValueError(f"{len(expected)} expectations for {len(self.candidates)} candidates")
         k = self.bucket(batch_size)
         self.steps[k] += 1
-        step = int(self.steps[k])
-        pick = next((c for c in range(len(self.candidates)) if int(self.issued[k, c]) < self.min_samples), None)
+        step = self.steps[k]
+        issued, last = self.issued[k], self.last[k]
+        pick = next((c for c, n in enumerate(issued) if n < self.min_samples), None)
         if pick is None:
-            stale = int(torch.argmin(self.last[k]))
-            if step - int(self.last[k, stale]) > self.refresh_steps:
+            stale = min(range(len(last)), key=last.__getitem__)
+            if step - last[stale] > self.refresh_steps:
                 pick = stale
         if pick is None:
-            costs = self.costs(batch_size)
-            rates = [
-                (batch_size * (float(e) + 1.0) / c, -i)
-                for i, (e, c) in enumerate(zip(expected, costs, strict=True))
-                if c is not None and math.isfinite(float(e))
-            ]
-            pick = -max(rates)[1] if rates else len(self.candidates) - 1
-        self.issued[k, pick] += 1
-        self.last[k, pick] = step
+            best = None
+            for c, (e, cost, n) in enumerate(zip(expected, self.ema[k], self.samples[k], strict=True)):
+                if n > 0 and math.isfinite(e):
+                    rate = (float(e) + 1.0) / cost
+                    if best is None or rate > best[0]:
+                        best = (rate, c)
+            pick = best[1] if best is not None else len(self.candidates) - 1
+        issued[pick] += 1
+        last[pick] = step
         return self.candidates[pick]
 
 

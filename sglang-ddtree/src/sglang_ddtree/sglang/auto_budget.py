@@ -219,8 +219,8 @@ class AutoBudget:
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {}
         for k in range(self.decision.num_buckets):
-            row = {name[c]: round(float(e), 4) for c, e, n in
-                   zip(self.candidates, self.decision.ema[k], self.decision.samples[k], strict=True) if int(n)}
+            row = {name[c]: round(e, 4) for c, e, n in
+                   zip(self.candidates, self.decision.ema[k], self.decision.samples[k], strict=True) if n}
             if row:
                 costs[f"b<={1 << k}"] = row
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
@@ -236,8 +236,8 @@ class AutoBudget:
         hist = budget_histogram(chosen, self.candidates)
         costs = []
         for k in range(self.decision.num_buckets):
-            row = [f"{float(e):.2f}" if int(n) else "-" for e, n in
-                   zip(self.decision.ema[k], self.decision.samples[k], strict=True)]
+            cells = zip(self.decision.ema[k], self.decision.samples[k], strict=True)
+            row = [f"{e:.2f}" if n else "-" for e, n in cells]
             if any(x != "-" for x in row):
                 costs.append(f"b<={1 << k}: " + "/".join(row))
         names = "/".join("chain" if c == CHAIN else str(c) for c in self.candidates)
