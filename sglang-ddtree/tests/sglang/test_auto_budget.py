@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from sglang_ddtree.budget import CHAIN
+from sglang_ddtree.budget import CHAIN, expected_accept_length
 from sglang_ddtree.sglang.auto_budget import AutoBudget, capture_verify_widths, select_width, verify_width
 
 
@@ -188,3 +188,26 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     # a second TP rank writes nothing (the first rank's file is the record)
     other = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
     assert other.stats_path is None
+
+
+def test_expectations_and_calibration_are_sampled_every_fourth_step():
+    """About 20 small kernels each: the expectations and the calibration are updated on steps 1, 5, 9, ... only."""
+    from sglang_ddtree.tree import build_tree
+
+    logits = torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(1))
+    tree = build_tree(logits, 6, backend="torch")
+    accept_index = torch.tensor([[0, 1, -1, -1], [0, -1, -1, -1]])
+    auto = AutoBudget((CHAIN, 6), 3, 4, torch.device("cpu"), clock=lambda: 0.0)
+    sampled = []
+    for _ in range(9):
+        candidate = auto.begin_step(2)
+        before = float(auto.calibration.predicted.sum())
+        auto.expect(tree)
+        auto.observe(6, tree, accept_index, torch.tensor([1, 0]))
+        sampled.append(float(auto.calibration.predicted.sum()) != before)
+        auto.end_step()
+        assert candidate in (CHAIN, 6)
+    assert sampled == [True, False, False, False, True, False, False, False, True]
+    # 3 samples: step 9's choice read the first (two samples earlier); the first had no calibration data yet
+    first = expected_accept_length(tree, (CHAIN, 6)).mean(dim=0).tolist()
+    assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first)

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EXPECTATION_LAG",
+    "SAMPLE_EVERY",
     "STATS_ENV",
     "TP_SYNC_STEPS",
     "AutoBudget",
@@ -58,7 +59,10 @@ __all__ = [
     "verify_width",
 ]
 
-#: The choice at step t uses the expectations computed at step t - EXPECTATION_LAG (copied without waiting).
+#: The expectations and the calibration are updated on every SAMPLE_EVERY-th step only (about 20 small kernels
+#: each; both drift slowly), and the choice uses the expectations sampled EXPECTATION_LAG samples earlier
+#: (copied without waiting).
+SAMPLE_EVERY = 4
 EXPECTATION_LAG = 2
 #: Tensor parallelism: the ranks' measured costs are merged every this many steps.
 TP_SYNC_STEPS = 64
@@ -131,10 +135,11 @@ class AutoBudget:
         device: where the trees live.
         tp_group: SGLang's TP GroupCoordinator when the world size is > 1, else None.
         clock: test-only host clock (seconds) replacing CUDA events.
+        sample_every: steps between two updates of the expectations and the calibration.
     """
 
     def __init__(self, candidates: tuple[int, ...], max_depth: int, block_size: int, device: torch.device,
-                 tp_group: Any = None, clock: Any = None):
+                 tp_group: Any = None, clock: Any = None, sample_every: int = SAMPLE_EVERY):
         self.candidates = tuple(candidates)
         self.block_size = int(block_size)
         self.device = torch.device(device)
@@ -147,6 +152,8 @@ class AutoBudget:
         self.expectations: collections.deque = collections.deque()
         self.expected = [0.0] * len(self.candidates)
         self.steps = 0
+        self.sample_every = max(1, int(sample_every))
+        self.sampling = False  # this step updates the expectations and the calibration
         self.chosen: list[int] = []  # since the last log line
         self.total = dict.fromkeys(self.candidates, 0)
         self._last_log = time.monotonic()
@@ -159,6 +166,7 @@ class AutoBudget:
         for candidate, bs, ms in self.timer.done():
             self.live.record(candidate, bs, ms)
         self.steps += 1
+        self.sampling = (self.steps - 1) % self.sample_every == 0
         if self.tp_group is not None and self.steps % TP_SYNC_STEPS == 0:
             self._merge_ranks()
         while len(self.expectations) >= EXPECTATION_LAG:
@@ -193,7 +201,9 @@ class AutoBudget:
     # --- what the tree promises and what the target accepted ------------------------------------------------
     def expect(self, tree: DraftTree) -> None:
         """Expected accepted nodes of every candidate for this step's widest tree (batch mean), copied to the
-        host without waiting."""
+        host without waiting (on sampling steps only)."""
+        if not self.sampling:
+            return
         expected = expected_accept_length(tree, self.candidates, calibration=self.calibration).mean(dim=0)
         if self.device.type == "cuda":
             host = torch.empty(expected.shape, dtype=expected.dtype, device="cpu", pin_memory=True)
@@ -206,7 +216,10 @@ class AutoBudget:
 
     def observe(self, candidate: int, verified: DraftTree, accept_index: torch.Tensor,
                 accept_len: torch.Tensor) -> None:
-        """Fold the verified nodes into the calibration (in place on the device; no host sync)."""
+        """Fold the verified nodes into the calibration (in place on the device; no host sync; on sampling steps
+        only)."""
+        if not self.sampling:
+            return
         if candidate == CHAIN:
             accepted = chain_accepted(accept_len, verified.budget)
         else:
