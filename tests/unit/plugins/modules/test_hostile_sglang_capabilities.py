@@ -74,32 +74,34 @@ def test_secrets_are_named_markers_where_they_stood(planted):
     assert planted["sglang"]["installed"] is True  # the probe still ran with the unit's real environment
 
 
-@pytest.mark.parametrize(
-    ("value", "written"),
-    [
-        ("/models/%n", "/models/%%n"),
-        ("$HOME/drafter", "$$HOME/drafter"),
-        ("${HOME}", "$${HOME}"),
-        ("100%", "100%%"),
-        ("/plain/path", "/plain/path"),
-    ],
-)
-def test_new_values_are_escaped_for_systemd(tmp_path, value, written):
-    """systemd expands % specifiers and $VAR in ExecStart: a new value is written so systemd runs it as given."""
+ESCAPES = [
+    ("--served-model-name", "/models/%n", "/models/%%n"),
+    ("--tokenizer-path", "$HOME/drafter", "$$HOME/drafter"),
+    ("--download-dir", "${HOME}", "$${HOME}"),
+    ("--revision", "100%", "100%%"),
+    ("--chat-template", "/plain/path", "/plain/path"),
+]
+
+
+def test_new_values_are_escaped_for_systemd(tmp_path):
+    """systemd expands % specifiers and $VAR in ExecStart: every new value, from speculative_flags and from
+    extra_args (the role's sglang_preflight_extra_args), is written so systemd runs it as given. One module run
+    (it imports SGLang): the escaping function's own table is in test_hostile_secrets.py."""
     env = write_unit(tmp_path, "sglang-esc", f"{PY} -m sglang.launch_server --model-path /models/m", "")
-    args = {"unit": "sglang-esc.service", "help": False, "speculative_flags": {"speculative-draft-model-path": value}}
+    args = {
+        "unit": "sglang-esc.service",
+        "help": False,
+        "speculative_flags": {"speculative-draft-model-path": "/models/%n-$HOME"},
+        "extra_args": [word for flag, value, _ in ESCAPES for word in (flag, value)],
+    }
     r = invoke_module("sglang_capabilities", args, env, cwd=tmp_path, timeout=600)
     assert not r.get("failed"), r["msg"]
     new = r["exec_start_new"]
     argv = new["argv"]
-    assert argv[argv.index("--speculative-draft-model-path") + 1] == written
-    assert f"--speculative-draft-model-path {written}" in new["value"]
-    # extra_args (the role's sglang_preflight_extra_args, added to the module for this) are escaped the same way
-    r = invoke_module(
-        "sglang_capabilities", {**args, "extra_args": ["--served-model-name", value]}, env, cwd=tmp_path, timeout=600
-    )
-    argv = r["exec_start_new"]["argv"]
-    assert argv[argv.index("--served-model-name") + 1] == written
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/models/%%n-$$HOME"
+    assert "--speculative-draft-model-path /models/%%n-$$HOME" in new["value"]
+    for flag, value, written in ESCAPES:
+        assert argv[argv.index(flag) + 1] == written, (flag, value)
 
 
 BAD = [
