@@ -317,6 +317,36 @@ def _tail(text, lines=6):
     return "\n".join(str(text).strip().splitlines()[-lines:])
 
 
+# The environment's SGLANG_DDTREE_BUDGET against the widest budget and the drafter's block size, with the plugin's
+# own parser (what the server runs at start).
+def _budget_check(drafter):
+    import os
+
+    out = {"checked": False, "ok": None, "value": os.environ.get("SGLANG_DDTREE_BUDGET"), "candidates": None,
+           "error": "", "reason": ""}
+    try:
+        from sglang_ddtree.budget import BUDGET_ENV, parse_budget_option
+    except ImportError as exc:
+        out["reason"] = "this plugin has no per-step budget (" + type(exc).__name__ + ": " + str(exc) + ")"
+        return out
+    out["value"] = os.environ.get(BUDGET_ENV)
+    try:
+        block = int(json.loads((drafter or {}).get("stdout") or "{}").get("spec", {}).get("block_size") or 0)
+    except (TypeError, ValueError):
+        block = 0
+    if block < 1:
+        out["reason"] = "the drafter's block size is unknown (its check gave no spec)"
+        return out
+    out["checked"] = True
+    try:
+        candidates = parse_budget_option(out["value"], int(REQUEST["budget"]), block)
+    except ValueError as exc:
+        out.update(ok=False, error=str(exc))
+        return out
+    out.update(ok=True, candidates=None if candidates is None else list(candidates))
+    return out
+
+
 def _plugin_checks():
     import traceback
 
@@ -333,6 +363,8 @@ def _plugin_checks():
                                  "stdout": json.dumps(report, sort_keys=True, default=str)}
         except BaseException:
             checks["drafter"] = {"rc": 1, "stdout": "", "stderr": _tail(traceback.format_exc())}
+    if REQUEST.get("budget") is not None:
+        checks["budget"] = _budget_check(checks.get("drafter"))
     if REQUEST.get("check_sglang"):
         try:
             from sglang_ddtree.sglang import check_sglang

@@ -136,6 +136,13 @@ options:
             the probe on its stdin. A command line with C($) or C(%) (systemd expands them at start) is not checked.
         type: bool
         default: false
+      budget:
+        description:
+          - The new server's widest node budget (C(--speculative-num-draft-tokens) - 1). With O(plugin_checks.drafter),
+            check the environment's C(SGLANG_DDTREE_BUDGET) (the unit's, which the new server inherits) against it
+            and the drafter's block size with the plugin's own parser (C(sglang_ddtree.budget.parse_budget_option)),
+            as the server would at start.
+        type: int
 extends_documentation_fragment:
   - specdec.pivot.attributes
   - specdec.pivot.attributes.read_only
@@ -415,6 +422,13 @@ plugin_checks:
           (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved)); secrets masked.
       type: dict
       returned: when O(plugin_checks.server_args) is true
+    budget:
+      description:
+        - The per-step budget variable's verdict, C(checked), C(ok) (null when not checked), C(value) (the
+          variable's value, null when unset), C(candidates) (null for a fixed budget), C(error) (the plugin's
+          message naming the variable and the fix), C(reason) (why it was not checked).
+      type: dict
+      returned: when O(plugin_checks.budget) is set
     wheel:
       description: The wheel put on the probe's path and its version, or null.
       type: dict
@@ -563,6 +577,7 @@ ARGUMENT_SPEC = dict(
             drafter=dict(type="path"),
             check_sglang=dict(type="bool", default=False),
             server_args=dict(type="bool", default=False),
+            budget=dict(type="int"),
         ),
     ),
 )
@@ -885,26 +900,22 @@ def main() -> None:
             if unchecked:
                 checks["server_args"] = unchecked
             checks["wheel"] = (probe.get("ddtree") or {}).get("wheel")
-            for name in ("drafter", "sglang", "server_args"):
+            for name in ("drafter", "sglang", "server_args", "budget"):
                 wanted = {
                     "drafter": request.get("drafter"),
                     "sglang": request.get("check_sglang"),
                     "server_args": request.get("server_args") is not None,
+                    "budget": request.get("budget") is not None,
                 }[name]
                 if wanted and name not in checks:  # the probe died before it ran the check
                     errors = "; ".join(probe.get("errors") or []) or "no error recorded"
-                    checks[name] = (
-                        {
-                            "checked": False,
-                            "ok": None,
-                            "error": "",
-                            "algorithm": None,
-                            "algorithm_resolved": None,
-                            "reason": f"the check did not run: {errors}",
-                        }
-                        if name == "server_args"
-                        else {"rc": 1, "stdout": "", "stderr": f"the check did not run: {errors}"}
-                    )
+                    reason = f"the check did not run: {errors}"
+                    checks[name] = {
+                        "server_args": {"checked": False, "ok": None, "error": "", "algorithm": None,
+                                        "algorithm_resolved": None, "reason": reason},
+                        "budget": {"checked": False, "ok": None, "value": None, "candidates": None, "error": "",
+                                   "reason": reason},
+                    }.get(name, {"rc": 1, "stdout": "", "stderr": reason})
             result["plugin_checks"] = checks
         result["msg"] = summary_message(result)
     except ProbeError as exc:
@@ -921,6 +932,13 @@ def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | N
     if checks is None:
         return {}, None
     request: dict = {"wheel": checks["wheel"], "drafter": checks["drafter"], "check_sglang": checks["check_sglang"]}
+    if checks["budget"] is not None:
+        if checks["budget"] < 1 or not checks["drafter"]:
+            raise ProbeError(
+                f"plugin_checks.budget={checks['budget']} needs a budget >= 1 and plugin_checks.drafter (the block "
+                "size comes from the drafter): pass both"
+            )
+        request["budget"] = checks["budget"]
     unchecked = None
     if checks["server_args"]:
         new = result.get("exec_start_new")

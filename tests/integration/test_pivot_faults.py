@@ -517,6 +517,35 @@ def test_an_undecided_hook_check_proceeds_and_the_servers_log_says_so(lab, tmp_p
     assert "DDTREE worker: no start-up line (only a real SGLang scheduler writes one)" in md
 
 
+def test_a_budget_variable_in_the_unit_is_checked_in_preflight_before_anything_stops(lab, tmp_path) -> None:
+    # The operator opts in to the per-step budget (issue 24) with Environment=SGLANG_DDTREE_BUDGET=... in the unit
+    # (the pivot keeps every Environment line). Preflight's probe runs the plugin's own parser of the variable in the
+    # unit's environment, so a value the server would refuse at start stops the pivot there: nothing stopped or
+    # changed. (The lab's stand-in itself runs no DDTREE worker, so only preflight can catch it here.)
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1",
+           "SGLANG_DDTREE_BUDGET": "chain,99"}
+    lk.reset("-e", json.dumps({"lab_sglang_environment": env}))
+    before = lk.state()
+    run = pivot(tmp_path)
+    assert run.rc != 0
+    out = " ".join(run.out.split())  # the message as printed, folded
+    assert ("the new server on pro6000 would refuse to start: SGLANG_DDTREE_BUDGET='chain,99': '99' is not 'chain' "
+            "or a budget in 1..16") in out, run.tail()
+    assert "Nothing was changed" in out
+    assert_unchanged(before, lk.state())
+    assert lk.server_info()["speculative_algorithm"] == "NEXTN"
+    # A value the server accepts: the pivot goes on, the new unit keeps the line, the report names the candidates.
+    env["SGLANG_DDTREE_BUDGET"] = "auto"
+    lk.reset("-e", json.dumps({"lab_sglang_environment": env}))
+    run = pivot(tmp_path / "auto")
+    assert run.rc == 0, run.tail()
+    choice = run.report()["inference"][0]["plan"]["budget_choice"]
+    assert choice["ok"] is True and choice["value"] == "auto" and choice["candidates"] == [0, 4, 8, 16], choice
+    assert "Environment=SGLANG_DDTREE_BUDGET=auto" in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "chosen per step by the server among 0, 4, 8, 16 (`SGLANG_DDTREE_BUDGET=auto` in the unit" in md
+
+
 # ------------------------------------------------------------------------------------------------ secrets
 API_KEY, HF_TOKEN = "lab-secret-api-key-4242", "hf_lab_token_7777"
 ADMIN_KEY, DB_PASSWORD = "lab-admin-key-5353", "dbpw-lab-6161"  # --admin-api-key; a password inside DATABASE_URL

@@ -92,7 +92,7 @@ def test_new_values_are_escaped_for_systemd(tmp_path):
         "unit": "sglang-esc.service",
         "help": False,
         "speculative_flags": {"speculative-draft-model-path": "/models/%n-$HOME"},
-        "extra_args": [word for flag, value, _ in ESCAPES for word in (flag, value)],
+        "extra_args": [word for flag, value, _written in ESCAPES for word in (flag, value)],
     }
     r = invoke_module("sglang_capabilities", args, env, cwd=tmp_path, timeout=600)
     assert not r.get("failed"), r["msg"]

@@ -525,10 +525,14 @@ def plugin_cli(python: Path, wheel: Path, *args: str) -> tuple[int, dict]:
 def test_plugin_checks_in_the_probe_say_what_the_plugins_cli_says(tmp_path, wheel, python):
     """check-drafter and check-sglang run inside the probe (SGLang imported once) give the CLI's exit status and
     report, with the wheel first on the path as PYTHONPATH=WHEEL put it."""
-    checks = {"wheel": str(wheel), "drafter": str(DRAFTER), "check_sglang": True}
-    r = run_module(tmp_path, {"python": str(python), "help": False, "plugin_checks": checks})
+    checks = {"wheel": str(wheel), "drafter": str(DRAFTER), "check_sglang": True, "budget": 16}
+    r = run_module(tmp_path, {"python": str(python), "help": False, "plugin_checks": checks,
+                              "environment": {"SGLANG_DDTREE_BUDGET": "auto"}})
     assert not r.get("failed"), r["msg"]
     checks = r["plugin_checks"]
+    # the per-step budget variable, parsed by the plugin with the drafter's block size (8: the chain fits in 17)
+    assert checks["budget"] == {"checked": True, "ok": True, "value": "auto", "candidates": [0, 4, 8, 16],
+                                "error": "", "reason": ""}, checks["budget"]
     for name, args in (("drafter", ["check-drafter", str(DRAFTER), "--consumer", "sglang"]),
                        ("sglang", ["check-sglang", "--expect", "any"])):  # fmt: skip
         rc, report = plugin_cli(python, wheel, *args)
