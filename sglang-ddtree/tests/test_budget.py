@@ -507,27 +507,6 @@ def test_online_choice_measures_a_candidate_again_after_refresh_steps():
     assert set(picks) - {8} == {CHAIN}
 
 
-def test_ranks_that_load_the_same_costs_choose_the_same_whatever_they_measured():
-    """Tensor parallelism: each rank measures its own step times; after loading the merged table (what the
-    worker's all-reduce gives every rank) their choices agree step by step, though their own tables differ."""
-    gen = torch.Generator().manual_seed(3)
-    ranks = [OnlineStepCost((CHAIN, 4, 8, 16), min_samples=2) for _ in range(2)]
-    own = [OnlineStepCost((CHAIN, 4, 8, 16)) for _ in range(2)]
-    for step in range(300):
-        batch = int(torch.randint(1, 40, (1,), generator=gen))
-        expected = (torch.rand(4, generator=gen).double() * 4).tolist()
-        picks = [rank.choose(expected, batch) for rank in ranks]
-        assert picks[0] == picks[1], step
-        for r in range(2):  # each rank's own measurement of the step: noise of its own
-            own[r].record(picks[r], batch, 5.0 + picks[r] * 0.3 + float(torch.rand(1, generator=gen)) * (r + 1))
-        if step % 16 == 15:
-            merged = (own[0].costs_state() + own[1].costs_state()) / 2
-            for rank in ranks:
-                rank.load_costs(merged)
-    assert own[0].ema != own[1].ema
-    assert ranks[0].issued == ranks[1].issued and len({c for row in ranks[0].issued for c in row}) > 1
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the chain as a tree
 

@@ -445,9 +445,8 @@ class OnlineStepCost:
     candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps[k]`` counts the bucket's
     steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
 
-    :meth:`choose` is a function of these tables, the batch size and the expectations only. Tensor-parallel ranks
-    that load the same costs (:meth:`costs_state` / :meth:`load_costs`, after an all-reduce) and see the same
-    expectations make the same choice every step (each rank's own measurements differ).
+    :meth:`choose` is a function of these tables, the batch size and the expectations only (under tensor
+    parallelism the worker lets the first rank choose and broadcasts it: ``sglang/auto_budget.py``).
 
     Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha: weight of a new
     sample in (0, 1]; min_samples >= 1: each candidate is issued this many times per bucket before the measured
@@ -496,16 +495,6 @@ class OnlineStepCost:
         """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
         k = self.bucket(batch_size)
         return [e if n > 0 else None for e, n in zip(self.ema[k], self.samples[k], strict=True)]
-
-    def costs_state(self) -> torch.Tensor:
-        """float64 [2, K, C]: (ema, samples) for an all-reduce across ranks."""
-        return torch.tensor([self.ema, self.samples], dtype=torch.float64)
-
-    def load_costs(self, state: torch.Tensor) -> None:
-        """Take (ema, samples) as :meth:`costs_state` lays them out (e.g. the ranks' merge)."""
-        ema, samples = state.tolist()
-        self.ema = [[float(x) for x in row] for row in ema]
-        self.samples = [[round(x) for x in row] for row in samples]
 
     def choose(self, expected: Sequence[float], batch_size: int) -> int:
         """The candidate to verify this step, and count it as issued.

@@ -143,7 +143,7 @@ def test_verify_widths():
 def test_the_summary_line_names_choices_and_measured_costs():
     ticks = iter([0.0, 0.004, 0.010, 0.016, 0.020])
     auto = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), clock=lambda: next(ticks))
-    auto.decision.min_samples = 1
+    auto.costs.min_samples = 1
     for _ in range(2):
         auto.begin_step(3)
         auto.end_step()
@@ -211,3 +211,49 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
     # 3 samples: step 9's choice read the first (two samples earlier); the first had no calibration data yet
     first = expected_accept_length(tree, (CHAIN, 6)).mean(dim=0).tolist()
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first)
+
+
+# --- tensor parallelism: one choice for every rank ------------------------------------------------------------
+def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
+    """A rank of a real SGLang TP GroupCoordinator (gloo, loopback): its own step timings (rank 1's favour another
+    candidate than rank 0's) and slightly different expectations; it records the choice of every step."""
+    import os
+    import types
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
+
+    ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"file://{store}",
+                                    local_rank=rank, backend="gloo")
+    try:
+        group = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
+                                             use_custom_allreduce=False, group_name="tp")
+        clock = types.SimpleNamespace(now=0.0)
+        auto = AutoBudget((CHAIN, 4, 8, 16), 7, 8, torch.device("cpu"), tp_group=group, clock=lambda: clock.now)
+        # this rank's step cost of each candidate: rank 0 finds budget 8 cheap, rank 1 finds the chain cheap
+        cost = {0: {CHAIN: 9.0, 4: 9.0, 8: 5.0, 16: 9.5}, 1: {CHAIN: 5.0, 4: 9.0, 8: 9.0, 16: 9.5}}[rank]
+        chosen = []
+        for step in range(case["steps"]):
+            candidate = auto.begin_step(1 + step % 5)
+            auto.expected = [1.0 + 1e-12 * rank * step] * 4  # last-bit differences, as index_add_ may give
+            clock.now += cost[candidate] / 1000.0
+            auto.end_step()
+            chosen.append(candidate)
+        costs = auto.costs.costs(1)  # this rank's own table at batch 1: its cheapest candidate
+        own_best = min(range(4), key=lambda i: costs[i] if costs[i] is not None else 1e9)
+        torch.save({"chosen": chosen, "own_best": auto.candidates[own_best], "costs": costs}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_tp_ranks_with_different_timings_verify_the_same_width_every_step(tmp_path):
+    from ddtree_testlib import run_ranks
+
+    ranks = run_ranks(tp_rank_main, 2, tmp_path, {"steps": 120}, timeout=180)
+    assert ranks[0]["chosen"] == ranks[1]["chosen"]
+    chosen = ranks[0]["chosen"]
+    assert set(chosen) == {CHAIN, 4, 8, 16}  # explored everything
+    assert chosen[-20:] == [8] * 20  # then the first rank's fastest, whatever rank 1 measured
+    assert (ranks[0]["own_best"], ranks[1]["own_best"]) == (8, CHAIN), ranks  # rank 1 alone would pick the chain

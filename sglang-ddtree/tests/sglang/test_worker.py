@@ -373,7 +373,7 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
     ticks = iter(range(1000))
     worker._ddtree_auto = AutoBudget((CHAIN, 3, 8), worker.block_size - 1, worker.block_size,
                                      torch.device("cpu"), clock=lambda: next(ticks) * 1e-3, sample_every=1)
-    worker._ddtree_auto.decision.min_samples = 1
+    worker._ddtree_auto.costs.min_samples = 1
     runners = {5: "graphs of width 5 (the chain)", 4: "graphs of width 4", 9: "graphs of width 9"}
     worker._ddtree_width_runners = runners
     worker._target_worker.model_runner.decode_cuda_graph_runner = runners[9]
@@ -389,7 +389,7 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
         assert worker._target_worker.model_runner.decode_cuda_graph_runner == runners[width]
     auto = worker._ddtree_auto
     assert auto.total == {CHAIN: 1, 3: 1, 8: 1}
-    assert [c for c in auto.live.costs(r.bs)] == [1.0, 1.0, None]  # the third step's time is read next step
+    assert auto.costs.costs(r.bs) == [1.0, 1.0, None]  # the third step's time is read next step
     # the choice at step 3 read the expectations of step 1 (lagged by two steps; step 1 had no calibration data)
     first = expected_accept_length(widest, (CHAIN, 3, 8)).mean(dim=0)
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first.tolist())

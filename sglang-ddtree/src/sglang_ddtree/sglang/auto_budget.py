@@ -11,9 +11,11 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
   free), so the decode path gains no host synchronisation;
 * the step cost of each candidate at this batch size, measured while serving: CUDA events around every round,
   read when done (``budget.OnlineStepCost``: exploration of every candidate per batch bucket, then the fastest in
-  committed tokens per second, re-measured now and then). Under tensor parallelism the ranks' measurements are
-  merged every :data:`TP_SYNC_STEPS` steps (one all-reduce of a few hundred numbers on the CPU group) and only the
-  merged table decides, so every rank picks the same width on every step.
+  committed tokens per second, re-measured now and then). Under tensor parallelism the first rank of the TP group
+  chooses and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own
+  timings differ, and their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed
+  order), so a choice made on each rank could split them into different verify widths, which would hang the
+  step's collectives.
 
 Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
 extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
@@ -52,7 +54,6 @@ __all__ = [
     "EXPECTATION_LAG",
     "SAMPLE_EVERY",
     "STATS_ENV",
-    "TP_SYNC_STEPS",
     "AutoBudget",
     "capture_verify_widths",
     "select_width",
@@ -64,8 +65,6 @@ __all__ = [
 #: (copied without waiting).
 SAMPLE_EVERY = 4
 EXPECTATION_LAG = 2
-#: Tensor parallelism: the ranks' measured costs are merged every this many steps.
-TP_SYNC_STEPS = 64
 #: Seconds between two "DDTREE budget" log lines (the histogram since the previous line, and the costs).
 LOG_EVERY_S = 60.0
 #: Benchmarks: a file path; every :data:`STATS_EVERY` steps the first TP rank appends one JSON line with the steps
@@ -145,9 +144,8 @@ class AutoBudget:
         self.device = torch.device(device)
         self.calibration = Calibration.create(max_depth, device=self.device)
         self.tp_group = tp_group if int(getattr(tp_group, "world_size", 1) or 1) > 1 else None
-        self.live = OnlineStepCost(self.candidates)
-        # the table the choice reads: the live one, or under TP the last merge of every rank's
-        self.decision = self.live if self.tp_group is None else OnlineStepCost(self.candidates)
+        self.first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
+        self.costs = OnlineStepCost(self.candidates)  # this rank's measurements; the first rank's decide
         self.timer = _StepTimer(self.device, clock)
         self.expectations: collections.deque = collections.deque()
         self.expected = [0.0] * len(self.candidates)
@@ -157,24 +155,23 @@ class AutoBudget:
         self.chosen: list[int] = []  # since the last log line
         self.total = dict.fromkeys(self.candidates, 0)
         self._last_log = time.monotonic()
-        first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
-        self.stats_path = os.environ.get(STATS_ENV) if first_rank else None
+        self.stats_path = os.environ.get(STATS_ENV) if self.first_rank else None
 
     # --- the choice -----------------------------------------------------------------------------------------
     def begin_step(self, batch_size: int) -> int:
         """The candidate to verify this step (host only; starts timing the step)."""
         for candidate, bs, ms in self.timer.done():
-            self.live.record(candidate, bs, ms)
+            self.costs.record(candidate, bs, ms)
         self.steps += 1
         self.sampling = (self.steps - 1) % self.sample_every == 0
-        if self.tp_group is not None and self.steps % TP_SYNC_STEPS == 0:
-            self._merge_ranks()
         while len(self.expectations) >= EXPECTATION_LAG:
             event, host = self.expectations.popleft()
             if event is not None:
                 event.synchronize()  # recorded EXPECTATION_LAG steps ago: done by now
             self.expected = host.tolist()
-        candidate = self.decision.choose(self.expected, batch_size)
+        candidate = self.costs.choose(self.expected, batch_size) if self.first_rank else CHAIN
+        if self.tp_group is not None:
+            candidate = self._first_ranks(candidate)
         self.chosen.append(candidate)
         self.total[candidate] += 1
         self.timer.begin(candidate, batch_size)
@@ -190,13 +187,11 @@ class AutoBudget:
             self.chosen = []
             self._last_log = now
 
-    def _merge_ranks(self) -> None:
-        """Every rank's measurements, weighted by their sample counts (one all-reduce on the CPU group)."""
-        state = self.live.costs_state()
-        weighted = torch.stack([state[0] * state[1], state[1]])
-        torch.distributed.all_reduce(weighted, group=self.tp_group.cpu_group)
-        merged = torch.stack([weighted[0] / weighted[1].clamp(min=1.0), weighted[1]])
-        self.decision.load_costs(merged)
+    def _first_ranks(self, candidate: int) -> int:
+        """The first TP rank's choice on every rank (a broadcast of one integer on the group's CPU group)."""
+        value = torch.tensor([candidate], dtype=torch.int64)
+        torch.distributed.broadcast(value, src=int(self.tp_group.ranks[0]), group=self.tp_group.cpu_group)
+        return int(value.item())
 
     # --- what the tree promises and what the target accepted ------------------------------------------------
     def expect(self, tree: DraftTree) -> None:
@@ -231,9 +226,9 @@ class AutoBudget:
         """Steps, the histogram of every choice so far, and the measured ms per batch bucket and candidate."""
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {}
-        for k in range(self.decision.num_buckets):
+        for k in range(self.costs.num_buckets):
             row = {name[c]: round(e, 4) for c, e, n in
-                   zip(self.candidates, self.decision.ema[k], self.decision.samples[k], strict=True) if n}
+                   zip(self.candidates, self.costs.ema[k], self.costs.samples[k], strict=True) if n}
             if row:
                 costs[f"b<={1 << k}"] = row
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
@@ -248,8 +243,8 @@ class AutoBudget:
         chosen = self.chosen if recent else [c for c, n in self.total.items() for _ in range(n)]
         hist = budget_histogram(chosen, self.candidates)
         costs = []
-        for k in range(self.decision.num_buckets):
-            cells = zip(self.decision.ema[k], self.decision.samples[k], strict=True)
+        for k in range(self.costs.num_buckets):
+            cells = zip(self.costs.ema[k], self.costs.samples[k], strict=True)
             row = [f"{e:.2f}" if n else "-" for e, n in cells]
             if any(x != "-" for x in row):
                 costs.append(f"b<={1 << k}: " + "/".join(row))
