@@ -7,6 +7,7 @@ in float64, and a best-first heap over rank tuples with ties broken by the rank 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 from dataclasses import dataclass
@@ -153,6 +154,25 @@ def run_ranks(rank_main, world: int, tmp_path, case: dict, timeout: float) -> li
             p.kill()
     assert codes == [0] * world, f"rank exit codes {codes} (the ranks' tracebacks are in the captured stderr)"
     return [torch.load(out) for out in outs]
+
+
+@contextlib.contextmanager
+def sglang_tp_group(rank: int, world: int, store: str):
+    """In a rank process of :func:`run_ranks`: SGLang's distributed environment over gloo on the loopback
+    interface and the TP ``GroupCoordinator`` built with the factory SGLang's ``initialize_model_parallel`` uses
+    (``init_model_parallel_group(..., group_name="tp")``); the process group is destroyed on exit."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
+
+    ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"file://{store}",
+                                    local_rank=rank, backend="gloo")
+    try:
+        yield ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
+                                           use_custom_allreduce=False, group_name="tp")
+    finally:
+        dist.destroy_process_group()
 
 
 def assert_ranks_build_the_full_tree(trees: list[dict], full, structure: tuple[str, ...]) -> None:

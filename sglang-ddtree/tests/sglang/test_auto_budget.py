@@ -217,19 +217,11 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
 def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
     """A rank of a real SGLang TP GroupCoordinator (gloo, loopback): its own step timings (rank 1's favour another
     candidate than rank 0's) and slightly different expectations; it records the choice of every step."""
-    import os
     import types
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-    from sglang.srt.distributed import parallel_state as ps
+    from ddtree_testlib import sglang_tp_group
 
-    ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"file://{store}",
-                                    local_rank=rank, backend="gloo")
-    try:
-        group = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
-                                             use_custom_allreduce=False, group_name="tp")
+    with sglang_tp_group(rank, world, store) as group:
         clock = types.SimpleNamespace(now=0.0)
         auto = AutoBudget((CHAIN, 4, 8, 16), 7, 8, torch.device("cpu"), tp_group=group, clock=lambda: clock.now)
         # this rank's step cost of each candidate: rank 0 finds budget 8 cheap, rank 1 finds the chain cheap
@@ -244,8 +236,6 @@ def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> Non
         costs = auto.costs.costs(1)  # this rank's own table at batch 1: its cheapest candidate
         own_best = min(range(4), key=lambda i: costs[i] if costs[i] is not None else 1e9)
         torch.save({"chosen": chosen, "own_best": auto.candidates[own_best], "costs": costs}, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_tp_ranks_with_different_timings_verify_the_same_width_every_step(tmp_path):

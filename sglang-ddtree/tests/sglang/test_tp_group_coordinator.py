@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddtree_testlib import assert_ranks_build_the_full_tree, run_ranks
+from ddtree_testlib import assert_ranks_build_the_full_tree, run_ranks, sglang_tp_group
 
 from sglang_ddtree.tree import build_tree
 
@@ -53,45 +53,32 @@ def make_inputs(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
-    import os
-
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
-    torch.set_num_threads(1)
-    from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.runtime_context import get_parallel
 
     from sglang_ddtree.sglang.tp_topk import resolve_tp_group
     from sglang_ddtree.sglang.worker import DDTreeWorker
 
-    ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"file://{store}",
-                                    local_rank=rank, backend="gloo")
-    try:
-        group = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
-                                             use_custom_allreduce=False, group_name="tp")
-        with get_parallel().override(tp_group=group, tp_rank=rank, tp_size=world):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", DeprecationWarning)
-                tp_group = resolve_tp_group(world)
-            assert tp_group is group, f"resolve_tp_group found {tp_group!r}, not SGLang's TP group"
+    with sglang_tp_group(rank, world, store) as group, get_parallel().override(tp_group=group, tp_rank=rank,
+                                                                                tp_size=world):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            tp_group = resolve_tp_group(world)
+        assert tp_group is group, f"resolve_tp_group found {tp_group!r}, not SGLang's TP group"
 
-            hidden, weight = make_inputs(case)
-            head = ParallelLMHead(case["vocab"], case["hidden"], params_dtype=torch.float32, prefix="lm_head")
-            head.weight_loader(head.weight, weight)
-            shard = head.shard_indices
-            head.weight.data[int(shard.num_org_elements):] = JUNK
-            assert head.weight.shape[0] * world >= case["vocab"]
+        hidden, weight = make_inputs(case)
+        head = ParallelLMHead(case["vocab"], case["hidden"], params_dtype=torch.float32, prefix="lm_head")
+        head.weight_loader(head.weight, weight)
+        shard = head.shard_indices
+        head.weight.data[int(shard.num_org_elements):] = JUNK
+        assert head.weight.shape[0] * world >= case["vocab"]
 
-            worker = object.__new__(DDTreeWorker)  # the attributes the tree build reads
-            worker.block_size = case["depth"] + 1
-            worker.ddtree_budget = case["budget"]
-            tree = worker._ddtree_tree_from_hidden(hidden, case["bsz"], head, tp_group, vocab_size=case["vocab"])
-            torch.save({"shard": (int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)),
-                        **{f: getattr(tree, f) for f in (*STRUCTURE, "scores")}}, out)
-    finally:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        worker = object.__new__(DDTreeWorker)  # the attributes the tree build reads
+        worker.block_size = case["depth"] + 1
+        worker.ddtree_budget = case["budget"]
+        tree = worker._ddtree_tree_from_hidden(hidden, case["bsz"], head, tp_group, vocab_size=case["vocab"])
+        torch.save({"shard": (int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)),
+                    **{f: getattr(tree, f) for f in (*STRUCTURE, "scores")}}, out)
 
 
 CASES = [
