@@ -35,7 +35,7 @@ PATTERNS = {
 
 def per_step_us(candidates: tuple[int, ...], batches: list[int], steps: int) -> float:
     """Mean microseconds of one begin_step + end_step over ``steps`` steps (after as many warm-up steps)."""
-    auto = AutoBudget(candidates, 15, 16, torch.device("cpu"))
+    auto = AutoBudget(candidates, 16, torch.device("cpu"))
     cycle = itertools.cycle(batches)
     for _ in range(steps):  # warm-up: exploration over, the table filled
         auto.begin_step(next(cycle))

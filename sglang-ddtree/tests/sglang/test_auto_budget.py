@@ -125,7 +125,7 @@ def test_the_worker_captures_the_widths_after_sglang_captured_the_target(monkeyp
     worker = object.__new__(DDTreeWorker)
     worker.block_size = 8
     worker._target_worker = SimpleNamespace(model_runner=model_runner)
-    worker._ddtree_auto = AutoBudget((CHAIN, 4, 16), 7, 8, torch.device("cpu"))
+    worker._ddtree_auto = AutoBudget((CHAIN, 4, 16), 8, torch.device("cpu"))
     worker.init_cuda_graphs()
     assert calls == ["drafter graphs"] and StandInRunner.built == [8, 5]  # the chain (block 8), budget 4
     assert set(worker._ddtree_width_runners) == {17, 8, 5} and worker._ddtree_width_runners[17] is base
@@ -142,7 +142,7 @@ def test_verify_widths():
 
 def test_the_summary_line_names_choices_and_measured_costs():
     ticks = iter([0.0, 0.004, 0.010, 0.016, 0.020])
-    auto = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), clock=lambda: next(ticks))
+    auto = AutoBudget((CHAIN, 8), 4, torch.device("cpu"), clock=lambda: next(ticks))
     auto.costs.min_samples = 1
     for _ in range(2):
         auto.begin_step(3)
@@ -176,7 +176,7 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     path = tmp_path / "budget.jsonl"
     monkeypatch.setenv("SGLANG_DDTREE_BUDGET_STATS", str(path))
     ticks = iter(range(10_000))
-    auto = AutoBudget((CHAIN, 4, 8), 3, 4, torch.device("cpu"), clock=lambda: next(ticks) * 1e-3)
+    auto = AutoBudget((CHAIN, 4, 8), 4, torch.device("cpu"), clock=lambda: next(ticks) * 1e-3)
     for _ in range(128):
         auto.begin_step(1)
         auto.end_step()
@@ -186,7 +186,7 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     assert sum(lines[-1]["budget_histogram"].values()) == 128
     assert lines[-1]["step_ms"] == {"b<=1": {"chain": 1.0, "4": 1.0, "8": 1.0}}  # one tick a step
     # a second TP rank writes nothing (the first rank's file is the record)
-    other = AutoBudget((CHAIN, 8), 3, 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
+    other = AutoBudget((CHAIN, 8), 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
     assert other.stats_path is None
 
 
@@ -197,7 +197,7 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
     logits = torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(1))
     tree = build_tree(logits, 6, backend="torch")
     accept_index = torch.tensor([[0, 1, -1, -1], [0, -1, -1, -1]])
-    auto = AutoBudget((CHAIN, 6), 3, 4, torch.device("cpu"), clock=lambda: 0.0)
+    auto = AutoBudget((CHAIN, 6), 4, torch.device("cpu"), clock=lambda: 0.0)
     sampled = []
     for _ in range(9):
         candidate = auto.begin_step(2)
@@ -223,7 +223,7 @@ def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> Non
 
     with sglang_tp_group(rank, world, store) as group:
         clock = types.SimpleNamespace(now=0.0)
-        auto = AutoBudget((CHAIN, 4, 8, 16), 7, 8, torch.device("cpu"), tp_group=group, clock=lambda: clock.now)
+        auto = AutoBudget((CHAIN, 4, 8, 16), 8, torch.device("cpu"), tp_group=group, clock=lambda: clock.now)
         # this rank's step cost of each candidate: rank 0 finds budget 8 cheap, rank 1 finds the chain cheap
         cost = {0: {CHAIN: 9.0, 4: 9.0, 8: 5.0, 16: 9.5}, 1: {CHAIN: 5.0, 4: 9.0, 8: 9.0, 16: 9.5}}[rank]
         chosen = []

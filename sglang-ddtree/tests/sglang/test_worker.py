@@ -371,7 +371,7 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
     worker, _ = _worker(block_size=5, budget=8)
     r = _stand_in_round(monkeypatch, worker)
     ticks = iter(range(1000))
-    worker._ddtree_auto = AutoBudget((CHAIN, 3, 8), worker.block_size - 1, worker.block_size,
+    worker._ddtree_auto = AutoBudget((CHAIN, 3, 8), worker.block_size,
                                      torch.device("cpu"), clock=lambda: next(ticks) * 1e-3, sample_every=1)
     worker._ddtree_auto.costs.min_samples = 1
     runners = {5: "graphs of width 5 (the chain)", 4: "graphs of width 4", 9: "graphs of width 9"}

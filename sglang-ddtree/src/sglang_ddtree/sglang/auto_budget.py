@@ -129,20 +129,18 @@ class AutoBudget:
 
     Args:
         candidates: from ``budget.parse_budget_option`` (the chain first, the widest budget last).
-        max_depth: D = block size - 1.
-        block_size: the drafter's block (the chain's verify width).
+        block_size: the drafter's block; the calibration covers depths 1..block_size - 1.
         device: where the trees live.
         tp_group: SGLang's TP GroupCoordinator when the world size is > 1, else None.
         clock: test-only host clock (seconds) replacing CUDA events.
         sample_every: steps between two updates of the expectations and the calibration.
     """
 
-    def __init__(self, candidates: tuple[int, ...], max_depth: int, block_size: int, device: torch.device,
-                 tp_group: Any = None, clock: Any = None, sample_every: int = SAMPLE_EVERY):
+    def __init__(self, candidates: tuple[int, ...], block_size: int, device: torch.device, tp_group: Any = None,
+                 clock: Any = None, sample_every: int = SAMPLE_EVERY):
         self.candidates = tuple(candidates)
-        self.block_size = int(block_size)
         self.device = torch.device(device)
-        self.calibration = Calibration.create(max_depth, device=self.device)
+        self.calibration = Calibration.create(int(block_size) - 1, device=self.device)
         self.tp_group = tp_group if int(getattr(tp_group, "world_size", 1) or 1) > 1 else None
         self.first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
         self.costs = OnlineStepCost(self.candidates)  # this rank's measurements; the first rank's decide
@@ -222,15 +220,16 @@ class AutoBudget:
         observe(self.calibration, verified.scores, verified.depths, accepted, valid=verified.valid[:, 1:])
 
     # --- reporting ------------------------------------------------------------------------------------------
+    def measured(self) -> list[tuple[str, list[float | None]]]:
+        """("b<=LARGEST_BATCH", ms of every candidate or None) of each batch bucket with a measurement."""
+        rows = [(f"b<={1 << k}", self.costs.costs(1 << k)) for k in range(self.costs.num_buckets)]
+        return [(label, row) for label, row in rows if any(ms is not None for ms in row)]
+
     def stats(self) -> dict:
         """Steps, the histogram of every choice so far, and the measured ms per batch bucket and candidate."""
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
-        costs = {}
-        for k in range(self.costs.num_buckets):
-            row = {name[c]: round(e, 4) for c, e, n in
-                   zip(self.candidates, self.costs.ema[k], self.costs.samples[k], strict=True) if n}
-            if row:
-                costs[f"b<={1 << k}"] = row
+        costs = {label: {name[c]: round(ms, 4) for c, ms in zip(self.candidates, row, strict=True) if ms is not None}
+                 for label, row in self.measured()}
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
                 "step_ms": costs}
 
@@ -242,12 +241,8 @@ class AutoBudget:
         """One log line: the choices (since the previous line, or all) and the measured ms per batch bucket."""
         chosen = self.chosen if recent else [c for c, n in self.total.items() for _ in range(n)]
         hist = budget_histogram(chosen, self.candidates)
-        costs = []
-        for k in range(self.costs.num_buckets):
-            cells = zip(self.costs.ema[k], self.costs.samples[k], strict=True)
-            row = [f"{e:.2f}" if n else "-" for e, n in cells]
-            if any(x != "-" for x in row):
-                costs.append(f"b<={1 << k}: " + "/".join(row))
+        costs = [f"{label}: " + "/".join("-" if ms is None else f"{ms:.2f}" for ms in row)
+                 for label, row in self.measured()]
         names = "/".join("chain" if c == CHAIN else str(c) for c in self.candidates)
         return (f"DDTREE budget: chosen {hist} over {len(chosen)} steps; step ms ({names}) "
                 f"{'; '.join(costs) or 'not measured yet'}")

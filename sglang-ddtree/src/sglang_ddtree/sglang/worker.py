@@ -180,8 +180,7 @@ class DDTreeWorker(DFlashWorkerV2):
             return
         from .auto_budget import AutoBudget
 
-        self._ddtree_auto = AutoBudget(candidates, block_size - 1, block_size, torch.device(self.device),
-                                       self._ddtree_tp_group)
+        self._ddtree_auto = AutoBudget(candidates, block_size, torch.device(self.device), self._ddtree_tp_group)
 
     def init_cuda_graphs(self):
         """DFLASH's drafter graphs, then (auto budget) the target's verify graphs of every other candidate width.
@@ -314,16 +313,15 @@ class DDTreeWorker(DFlashWorkerV2):
         return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
 
     # --- 3) verify input -------------------------------------------------------------------------------------
-    def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int, num_nodes: int | None = None):
+    def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int, num_nodes: int):
         """The target attention backend's verify-mask buffer when this batch's mask (``num_nodes`` tokens per
-        request, default the server's width) fits in it (the tree cells are then written into it in place), else
-        None (the whole mask is built)."""
+        request) fits in it (the tree cells are then written into it in place), else None (the whole mask is
+        built)."""
         backend = self.target_worker.model_runner.attn_backend
         for _ in range(4):  # hybrid backends wrap the full-attention one
             backend = getattr(backend, "full_attn_backend", None) or backend
         buffer = getattr(getattr(backend, "_verify_mask", None), "buffer", None)
-        width = self.ddtree_num_nodes if num_nodes is None else num_nodes
-        if buffer is None or mask_numel(prefix_lens_sum, bs, width) > buffer.numel():
+        if buffer is None or mask_numel(prefix_lens_sum, bs, num_nodes) > buffer.numel():
             return None
         return buffer
 
