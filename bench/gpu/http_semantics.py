@@ -340,6 +340,27 @@ def _chat(content: str, **params: Any) -> dict:
             "max_tokens": NEW_TOKENS, "return_token_ids": True, **params}
 
 
+def _shared_cases(endpoint: str, request: Any, ids: list[int], processor: str | None, min_key: str,
+                  min_option: str) -> list[Case]:
+    """The features both endpoints take, in the catalogue's order: greedy, the three penalties, logit_bias,
+    ``min_key`` 12 with a stop token, stop_token_ids, the custom logit processor, n 2. ``request(**params)``
+    builds the endpoint's body; ``ids``: the plain greedy answer's token ids."""
+    return [
+        Case("greedy", endpoint, request(ignore_eos=True), "", changes_plain=False),
+        *(Case(f"{name} 1.5", endpoint, request(ignore_eos=True, **{name: 1.5}), name)
+          for name in ("frequency_penalty", "presence_penalty", "repetition_penalty")),
+        Case(f"logit_bias -100 on token {ids[2]}", endpoint,
+             request(ignore_eos=True, logit_bias={str(ids[2]): -100.0}), "logit_bias"),
+        Case(f"{min_key} 12, stop token {ids[3]}", endpoint, request(stop_token_ids=[ids[3]], **{min_key: 12}),
+             min_option),
+        Case(f"stop_token_ids [{ids[5]}]", endpoint, request(stop_token_ids=[ids[5]]), "stop_token_ids"),
+        Case(f"custom logit processor (disallow {ids[1]}, {ids[4]})", endpoint,
+             request(ignore_eos=True, custom_logit_processor=processor, custom_params={"token_ids": [ids[1], ids[4]]}),
+             "custom_logit_processor"),
+        Case("n 2", endpoint, request(ignore_eos=True, n=2), "n", changes_plain=False),
+    ]
+
+
 def catalogue(
     prompt: list[int],
     plain: list[int],
@@ -356,23 +377,8 @@ def catalogue(
     cp = chat_plain if chat_plain and len(chat_plain) >= 8 else plain
     stop_text = plain_text[len(plain_text) // 2 : len(plain_text) // 2 + 3].strip() or None
     cases = [
-        Case("greedy", GENERATE, _generate(prompt, ignore_eos=True), "", changes_plain=False),
-        Case("frequency_penalty 1.5", GENERATE, _generate(prompt, ignore_eos=True, frequency_penalty=1.5),
-             "frequency_penalty"),
-        Case("presence_penalty 1.5", GENERATE, _generate(prompt, ignore_eos=True, presence_penalty=1.5),
-             "presence_penalty"),
-        Case("repetition_penalty 1.5", GENERATE, _generate(prompt, ignore_eos=True, repetition_penalty=1.5),
-             "repetition_penalty"),
-        Case(f"logit_bias -100 on token {plain[2]}", GENERATE,
-             _generate(prompt, ignore_eos=True, logit_bias={str(plain[2]): -100.0}), "logit_bias"),
-        Case(f"min_new_tokens 12, stop token {plain[3]}", GENERATE,
-             _generate(prompt, stop_token_ids=[plain[3]], min_new_tokens=12), "min_new_tokens"),
-        Case(f"stop_token_ids [{plain[5]}]", GENERATE, _generate(prompt, stop_token_ids=[plain[5]]),
-             "stop_token_ids"),
-        Case(f"custom logit processor (disallow {plain[1]}, {plain[4]})", GENERATE,
-             _generate(prompt, ignore_eos=True, custom_logit_processor=processor,
-                       custom_params={"token_ids": [plain[1], plain[4]]}), "custom_logit_processor"),
-        Case("n 2", GENERATE, _generate(prompt, ignore_eos=True, n=2), "n", changes_plain=False),
+        *_shared_cases(GENERATE, lambda **p: _generate(prompt, **p), plain, processor, "min_new_tokens",
+                       "min_new_tokens"),
         Case("max_new_tokens 1", GENERATE, _generate(prompt, ignore_eos=True, max_new_tokens=1), "max_new_tokens"),
         Case("empty prompt", GENERATE, _generate(prompt, ignore_eos=True, text=""), "text", changes_plain=False),
         Case(f"prompt at the context limit ({context_length} tokens in all)", GENERATE,
@@ -384,22 +390,8 @@ def catalogue(
         Case("return_logprob, top_logprobs_num 5", GENERATE,
              _generate(prompt, ignore_eos=True, return_logprob=True, top_logprobs_num=5), "return_logprob",
              logprobs=True, changes_plain=False),
-        Case("greedy", CHAT, _chat(chat_content, ignore_eos=True), "", changes_plain=False),
-        Case("frequency_penalty 1.5", CHAT, _chat(chat_content, ignore_eos=True, frequency_penalty=1.5),
-             "frequency_penalty"),
-        Case("presence_penalty 1.5", CHAT, _chat(chat_content, ignore_eos=True, presence_penalty=1.5),
-             "presence_penalty"),
-        Case("repetition_penalty 1.5", CHAT, _chat(chat_content, ignore_eos=True, repetition_penalty=1.5),
-             "repetition_penalty"),
-        Case(f"logit_bias -100 on token {cp[2]}", CHAT,
-             _chat(chat_content, ignore_eos=True, logit_bias={str(cp[2]): -100.0}), "logit_bias"),
-        Case(f"min_tokens 12, stop token {cp[3]}", CHAT, _chat(chat_content, stop_token_ids=[cp[3]], min_tokens=12),
-             "min_tokens|min_new_tokens"),
-        Case(f"stop_token_ids [{cp[5]}]", CHAT, _chat(chat_content, stop_token_ids=[cp[5]]), "stop_token_ids"),
-        Case(f"custom logit processor (disallow {cp[1]}, {cp[4]})", CHAT,
-             _chat(chat_content, ignore_eos=True, custom_logit_processor=processor,
-                   custom_params={"token_ids": [cp[1], cp[4]]}), "custom_logit_processor"),
-        Case("n 2", CHAT, _chat(chat_content, ignore_eos=True, n=2), "n", changes_plain=False),
+        *_shared_cases(CHAT, lambda **p: _chat(chat_content, **p), cp, processor, "min_tokens",
+                       "min_tokens|min_new_tokens"),
         Case("max_tokens 1", CHAT, _chat(chat_content, ignore_eos=True, max_tokens=1), "max_tokens|max_new_tokens"),
         Case("empty message", CHAT, _chat("", ignore_eos=True), "content", changes_plain=False),
         Case("logprobs, top_logprobs 5", CHAT, _chat(chat_content, ignore_eos=True, logprobs=True, top_logprobs=5),
