@@ -16,7 +16,7 @@
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
 # glue-check (the fused glue kernels compiled on the GPU against their torch references), cost-8b, cost-hybrid,
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
-# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_AB=1: cost-8b also times DDTREE with SGLang's own
+# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
@@ -110,7 +110,7 @@ run_step() {
     glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;
     cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
-          --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB:+--ab-attention}" ;;
+          --contexts 128 --budgets ${COST_BUDGETS:-16} --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB:+--ab-attention}" ;;
     cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-32} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \

@@ -77,14 +77,14 @@ class Settings:
     eval_every: int = 100  # held-out loss every N target steps
     target_lr: float = 2e-3
     warmup: float = 0.03
-    gen_sequences: int = 1024
-    gen_prompt_len: int = 64
-    gen_new_tokens: int = 448
-    gen_batch: int = 1024
+    gen_sequences: int = 8192  # many short continuations: 1024 long ones let the drafter memorise them (12-03)
+    gen_prompt_len: int = 96
+    gen_new_tokens: int = 160
+    gen_batch: int = 2048
     drafter_layers: int = 2
     block_size: int = 16
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 4, 6])
-    drafter_steps: int = 2000
+    drafter_steps: int = 5000
     drafter_lr: float = 6e-4
     drafter_batch: int = 32
     anchors: int = 64
