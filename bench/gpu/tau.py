@@ -20,11 +20,23 @@ from pathlib import Path
 
 from engine_run import run_config
 
-CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", 4), ("DDTREE", 8), ("DDTREE", 16), ("DDTREE", 32),
-           ("DDTREE", "auto")]
+CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", 16), ("DDTREE", 8), ("DDTREE", 32),
+           ("DDTREE", 4)]  # the auto row early: a call cut short by its time limit still has it
 #: DDTREE "auto" (issue 24): SGLANG_DDTREE_BUDGET=auto on a server whose widest budget is this (candidates: the
 #: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget)
 AUTO_WIDEST = 32
+
+
+def reservation(budget: int, block_size: int) -> int:
+    """The widest budget a server verifying ``budget`` nodes needs: SGLang's DFLASH decode reserves
+    2 x (widest + 1) KV slots a step and the drafter's block must fit in them, so a budget below half the block is
+    served as ``SGLANG_DDTREE_BUDGET=budget`` under a wider ``--speculative-num-draft-tokens``."""
+    return max(budget, -(-block_size // 2) - 1)
+
+
+def drafter_block_size(drafter: Path) -> int:
+    cfg = json.loads((drafter / "config.json").read_text())
+    return int((cfg.get("dflash_config") or {}).get("block_size") or cfg["block_size"])
 
 
 def last_stats(path: Path) -> dict | None:
@@ -105,9 +117,15 @@ def main() -> int:
     ap.add_argument("--result", type=Path)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=0,
+                    help="new tokens per request (default: the reference evaluation's, from the pair's train_log)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    log_path = args.pair / "train_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else {}
+    if not args.new_tokens:  # the reference's tau is over its own length: compare like with like
+        args.new_tokens = int(log.get("settings", {}).get("eval_new_tokens", 128))
+    block = drafter_block_size(args.pair / "drafter")
     runs = {}
     for method, budget in CONFIGS:
         extra = [
@@ -121,17 +139,18 @@ def main() -> int:
             str(args.new_tokens),
         ]
         env = None
+        widest = AUTO_WIDEST if budget == "auto" else budget or 16
         if budget == "auto":
             stats = args.work / "tau-DDTREE-auto-budget.jsonl"
             env = {"SGLANG_DDTREE_BUDGET": "auto", "SGLANG_DDTREE_BUDGET_STATS": str(stats)}
-        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method,
-                         AUTO_WIDEST if budget == "auto" else budget or 16, "tau", extra, env)
+        elif method == "DDTREE" and reservation(budget, block) > budget:
+            widest = reservation(budget, block)
+            env = {"SGLANG_DDTREE_BUDGET": str(budget)}
+        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env)
         if rec is not None and budget == "auto":
             rec["budget_stats"] = last_stats(stats)
         if rec is not None:
             runs[(method, budget)] = rec
-    log_path = args.pair / "train_log.json"
-    log = json.loads(log_path.read_text()) if log_path.exists() else {}
     rows = table_rows(runs, log)
     result = {
         "target": str(args.pair / "target"),

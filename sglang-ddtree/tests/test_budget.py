@@ -415,6 +415,9 @@ def test_budget_histogram():
         ("auto", 3, 4, (CHAIN, 3)),
         ("16, chain ,8", 16, 16, (CHAIN, 8, 16)),  # sorted, the chain first
         ("1,2", 2, 16, (1, 2)),
+        ("4", 7, 16, (4,)),  # one candidate: always budget 4, KV and graphs for 7 (a block-16 drafter needs them)
+        ("chain", 16, 16, (CHAIN,)),
+        ("16", 16, 16, None),  # the widest alone is the fixed budget
     ],
 )
 def test_budget_option_candidates(value, max_budget, block_size, expected):
@@ -432,8 +435,7 @@ def test_budget_option_candidates(value, max_budget, block_size, expected):
         ("4,,8", r"'' is not 'chain'"),
         ("tree", r"'tree' is not 'chain'"),
         ("8,8", r"'8' is listed twice; name each candidate once"),
-        ("8", r"names one candidate: a per-step choice needs at least two; for a fixed budget set "
-              r"--speculative-num-draft-tokens"),
+        ("chain", r"the chain verifies the drafter's whole block"),
     ],
 )
 def test_budget_option_refusals_name_the_variable_and_the_fix(value, message):
@@ -470,6 +472,30 @@ def test_online_cost_records_an_average_and_ignores_bad_samples():
         OnlineStepCost((8,), alpha=0.0)
 
 
+def test_online_cost_is_robust_to_one_off_slow_steps():
+    """The H200 run of 12-05: a width's first step compiled a Triton kernel (0.9 s against 3-5 ms) and the plain
+    average kept that candidate priced out; the median of the first samples and the clipped average do not."""
+    costs = OnlineStepCost((CHAIN, 8, 32), alpha=0.2, min_samples=3, clip=2.0)
+    for ms in (936.0, 4.0, 4.2):
+        costs.record(32, 1, ms)
+    for ms in (3.4, 3.5, 3.6):
+        costs.record(8, 1, ms)
+    for ms in (5.0, 5.1, 5.2):
+        costs.record(CHAIN, 1, ms)
+    assert costs.costs(1) == [5.1, 3.5, 4.2]
+    for _ in range(9):
+        costs.choose([1.0, 1.5, 3.0], 1)  # exploration: three each
+    assert costs.choose([1.0, 1.5, 3.0], 1) == 32  # 4 tokens in 4.2 ms beats 2.5 in 3.5 and 2 in 5.1
+    costs.record(32, 1, 900.0)  # a later one-off (a new batch-size specialisation): at most +alpha * (clip - 1)
+    assert costs.costs(1)[2] == pytest.approx(4.2 * 1.2)
+    assert costs.choose([1.0, 1.5, 3.0], 1) == 32
+    for _ in range(20):  # a lasting change (longer contexts: every step 3x slower) is followed
+        costs.record(8, 1, 10.5)
+    assert costs.costs(1)[1] == pytest.approx(10.5, rel=0.05)
+    with pytest.raises(ValueError):
+        OnlineStepCost((8, 16), clip=1.0)
+
+
 def test_online_choice_explores_every_candidate_per_bucket_then_picks_the_fastest():
     costs = OnlineStepCost((CHAIN, 4, 8), min_samples=2)
     expected = [1.0, 1.5, 2.0]
@@ -480,7 +506,7 @@ def test_online_choice_explores_every_candidate_per_bucket_then_picks_the_fastes
     for candidate, ms in ((CHAIN, 5.0), (4, 7.0), (8, 10.0)):
         costs.record(candidate, 1, ms)
     assert costs.choose(expected, 1) == CHAIN  # 0.4 tokens/ms beats 0.357 and 0.3
-    costs.record(CHAIN, 1, 9.0)  # the chain got slower (EMA 5.8 ms): 0.345 tokens/ms
+    costs.record(CHAIN, 1, 9.0)  # the chain got slower (median of its first two samples 7 ms): 0.286 tokens/ms
     assert costs.choose(expected, 1) == 4
     # the same rates: the earlier candidate
     tie = OnlineStepCost((CHAIN, 8), min_samples=1)

@@ -46,6 +46,7 @@ selects which CUDA graph to replay, so one host read per step is inherent to a p
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -89,8 +90,10 @@ def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> 
     """The candidates of a per-step budget choice named by :data:`BUDGET_ENV`, or None for a fixed budget.
 
     Args:
-        value: the variable's value: None, ``""`` or ``"fixed"`` (a fixed budget), ``"auto"``, or a comma list
-            of ``chain`` and budgets, e.g. ``"chain,8,16"``.
+        value: the variable's value: None, ``""`` or ``"fixed"`` (a fixed budget), ``"auto"``, a comma list
+            of ``chain`` and budgets, e.g. ``"chain,8,16"``, or one of them alone: every step verifies that
+            candidate while KV and graphs stay sized for the widest (e.g. budget 4 with a block-16 drafter, whose
+            block needs ``--speculative-num-draft-tokens`` >= 8).
         max_budget: the widest budget, from ``--speculative-num-draft-tokens`` (budget + 1): the KV reserved per
             request and the widest verify graph are sized for it, so no candidate may exceed it.
         block_size: the drafter's block size; the chain verifies ``block_size`` tokens (root + depth D).
@@ -98,6 +101,7 @@ def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> 
     Returns:
         Sorted candidates, :data:`CHAIN` (0) first: ``auto`` gives the chain (when its width ``block_size`` fits
         within ``max_budget + 1``), every budget of :data:`AUTO_BUDGETS` below ``max_budget``, and ``max_budget``.
+        One candidate alone comes back as a 1-tuple (None when it is ``max_budget``: that is the fixed budget).
 
     Raises:
         ValueError naming the variable, the bad value and the fix.
@@ -130,11 +134,8 @@ def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> 
         if candidate in chosen:
             raise ValueError(f"{BUDGET_ENV}={value!r}: {word!r} is listed twice; name each candidate once")
         chosen.append(candidate)
-    if len(chosen) < 2:
-        raise ValueError(
-            f"{BUDGET_ENV}={value!r} names one candidate: a per-step choice needs at least two; for a fixed budget "
-            "set --speculative-num-draft-tokens (budget + 1) and leave the variable unset"
-        )
+    if chosen == [max_budget]:
+        return None
     return tuple(sorted(chosen))
 
 
@@ -439,9 +440,13 @@ def choose_budget(expected: torch.Tensor | Sequence[float], table: StepCostTable
 class OnlineStepCost:
     """Step costs measured while serving, and the per-step choice made from them.
 
-    Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) and candidate: an
-    exponential moving average of the step's duration in ms (``ema[k][c]``) and its sample count
-    (``samples[k][c]``), fed by :meth:`record`; and, fed by :meth:`choose`, how often the choice issued each
+    Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) and candidate: the step's
+    duration in ms (``ema[k][c]``) and its sample count (``samples[k][c]``), fed by :meth:`record`. The estimate
+    is robust to one-off slow steps (a Triton kernel compiled at a width's first use took 0.9 s on the H200, 12-05,
+    against 3-5 ms a step): the median of the cell's first ``min_samples`` samples, then an exponential moving
+    average whose samples are clipped to within ``clip`` times the estimate (a spike moves it by at most
+    ``alpha * (clip - 1)``; a lasting change is followed within a few steps). Fed by :meth:`choose`: how often the
+    choice issued each
     candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps[k]`` counts the bucket's
     steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
 
@@ -452,7 +457,7 @@ class OnlineStepCost:
     sample in (0, 1]; min_samples >= 1: each candidate is issued this many times per bucket before the measured
     costs decide (exploration); refresh_steps >= 1: a candidate the choice has not issued for this many of the
     bucket's steps is issued once again, so that a cost that drifts (longer contexts) is measured again;
-    num_buckets >= 1.
+    num_buckets >= 1; clip > 1.
     """
 
     candidates: tuple[int, ...]
@@ -460,18 +465,21 @@ class OnlineStepCost:
     min_samples: int = 3
     refresh_steps: int = 2000
     num_buckets: int = 12
+    clip: float = 2.0
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
             raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
-        if not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1:
-            raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1")
+        if (not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1
+                or not self.clip > 1.0):
+            raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1")
         width = len(self.candidates)
         self.ema: list[list[float]] = [[0.0] * width for _ in range(self.num_buckets)]
         self.samples: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.issued: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.last: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.steps: list[int] = [0] * self.num_buckets
+        self._first: list[list[list[float]]] = [[[] for _ in range(width)] for _ in range(self.num_buckets)]
         self._index = {c: i for i, c in enumerate(self.candidates)}
 
     def bucket(self, batch_size: int) -> int:
@@ -488,7 +496,15 @@ class OnlineStepCost:
             raise ValueError(f"{candidate} is not a candidate {self.candidates}")
         k, c = self.bucket(batch_size), self._index[candidate]
         n = self.samples[k][c]
-        self.ema[k][c] = ms if n == 0 else (1.0 - self.alpha) * self.ema[k][c] + self.alpha * ms
+        if n < self.min_samples:
+            first = self._first[k][c]
+            first.append(ms)
+            self.ema[k][c] = statistics.median(first)
+            if n + 1 == self.min_samples:
+                first.clear()
+        else:
+            est = self.ema[k][c]
+            self.ema[k][c] = (1.0 - self.alpha) * est + self.alpha * min(max(ms, est / self.clip), est * self.clip)
         self.samples[k][c] = n + 1
 
     def costs(self, batch_size: int) -> list[float | None]:

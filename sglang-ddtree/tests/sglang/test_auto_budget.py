@@ -213,6 +213,23 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first)
 
 
+def test_one_candidate_is_verified_every_step_without_timing_or_calibration():
+    """SGLANG_DDTREE_BUDGET=4 under a wider reservation: nothing to choose, so nothing is measured or sampled."""
+    from sglang_ddtree.tree import build_tree
+
+    tree = build_tree(torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(2)), 6, backend="torch")
+    auto = AutoBudget((4,), 4, torch.device("cpu"), clock=lambda: 0.0)
+    before = auto.calibration.predicted.clone()
+    for _ in range(9):
+        assert auto.begin_step(2) == 4
+        auto.expect(tree)
+        auto.observe(4, tree, torch.tensor([[0, 1, -1, -1, -1], [0, -1, -1, -1, -1]]), torch.tensor([1, 0]))
+        auto.end_step()
+    assert auto.stats()["budget_histogram"] == {"4": 9} and auto.stats()["steps"] == 9
+    assert not auto.expectations and not auto.timer.pending and auto.costs.samples[1] == [0]
+    assert torch.equal(auto.calibration.predicted, before)
+
+
 # --- tensor parallelism: one choice for every rank ------------------------------------------------------------
 def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
     """A rank of a real SGLang TP GroupCoordinator (gloo, loopback): its own step timings (rank 1's favour another

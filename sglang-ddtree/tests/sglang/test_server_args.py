@@ -211,6 +211,7 @@ def test_a_sliding_window_target_is_refused_at_startup(model_dirs, tmp_path):
     [
         ("auto", "17", "[0, 4, 8, 16]"),  # the chain (block 8 fits in width 17), 4, 8, and the widest
         ("chain,16", "17", "[0, 16]"),
+        ("4", "9", "4 every step"),  # one candidate: always budget 4, KV and graphs for width 9
         ("fixed", "17", None),
         ("", "9", None),
     ],
@@ -232,8 +233,10 @@ def test_the_budget_option_is_checked_and_logged_at_startup(model_dirs, monkeypa
     chosen = [r.getMessage() for r in seen if r.getMessage().startswith("DDTREE: budget=")]
     if candidates is None:
         assert chosen and chosen[-1].startswith(f"DDTREE: budget={int(num_draft_tokens) - 1} "), chosen
-    else:
+    elif candidates.startswith("["):
         assert chosen and f"chosen per step among {candidates}" in chosen[-1], chosen
+    else:
+        assert chosen and chosen[-1].startswith(f"DDTREE: budget={candidates} (SGLANG_DDTREE_BUDGET"), chosen
 
 
 @pytest.mark.parametrize(
@@ -244,7 +247,7 @@ def test_the_budget_option_is_checked_and_logged_at_startup(model_dirs, monkeypa
         ("4,40", r"SGLANG_DDTREE_BUDGET='4,40': '40' is not 'chain' or a budget in 1..4"),
         ("wide", r"'wide' is not 'chain' or a budget"),
         ("4,4", r"'4' is listed twice"),
-        ("4", r"names one candidate: a per-step choice needs at least two"),
+        ("chain", r"SGLANG_DDTREE_BUDGET='chain': the chain verifies the drafter's whole block"),
     ],
 )
 def test_a_bad_budget_option_fails_at_startup_naming_the_variable(model_dirs, monkeypatch, value, message):

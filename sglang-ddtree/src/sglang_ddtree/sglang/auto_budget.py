@@ -154,10 +154,18 @@ class AutoBudget:
         self.total = dict.fromkeys(self.candidates, 0)
         self._last_log = time.monotonic()
         self.stats_path = os.environ.get(STATS_ENV) if self.first_rank else None
+        #: one candidate (e.g. ``SGLANG_DDTREE_BUDGET=4`` under a wider KV reservation): nothing to choose, so no
+        #: timing, no broadcast, and (``sampling`` stays False) no expectations or calibration
+        self.fixed = len(self.candidates) == 1
 
     # --- the choice -----------------------------------------------------------------------------------------
     def begin_step(self, batch_size: int) -> int:
         """The candidate to verify this step (host only; starts timing the step)."""
+        if self.fixed:
+            self.steps += 1
+            self.chosen.append(self.candidates[0])
+            self.total[self.candidates[0]] += 1
+            return self.candidates[0]
         for candidate, bs, ms in self.timer.done():
             self.costs.record(candidate, bs, ms)
         self.steps += 1

@@ -325,6 +325,8 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"{drafter.block_size}; DDTREE reads the block size from the drafter config, drop the flag"
         )
 
+    from ..budget import BUDGET_ENV, parse_budget_option
+
     if 2 * (budget + 1) < drafter.block_size:
         least = -(-drafter.block_size // 2)
         raise DDTreeConfigError(
@@ -332,10 +334,10 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"block_size {drafter.block_size}: SGLang's DFLASH decode reserves 2 x num_draft_tokens = "
             f"{2 * (budget + 1)} KV slots ahead of each request per step, and the drafter's block writes "
             f"{drafter.block_size}, so its last positions would land in slots the request does not own; use "
-            f"--speculative-num-draft-tokens >= {least} (a budget of at least {least - 1})"
+            f"--speculative-num-draft-tokens >= {least} (a budget of at least {least - 1}); to verify "
+            f"{budget} nodes a step all the same, set --speculative-num-draft-tokens {least} and "
+            f"{BUDGET_ENV}={budget}"
         )
-
-    from ..budget import BUDGET_ENV, parse_budget_option
 
     try:
         candidates = parse_budget_option(os.environ.get(BUDGET_ENV), budget, drafter.block_size)
@@ -395,7 +397,9 @@ def handle_ddtree_server_args(cfg: Any) -> None:
         )
     logger.info(
         "DDTREE: budget=%s (verify width %d), drafter block_size=%d (max depth %d), attention=%s, draft attention=%s",
-        budget if candidates is None else f"chosen per step among {list(candidates)} (0 = the chain; widest {budget})",
+        budget if candidates is None else (
+            f"{candidates[0] or 'the chain'} every step ({BUDGET_ENV}; KV and graphs for {budget})"
+            if len(candidates) == 1 else f"chosen per step among {list(candidates)} (0 = the chain; widest {budget})"),
         budget + 1,
         drafter.block_size,
         drafter.block_size - 1,

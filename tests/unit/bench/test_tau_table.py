@@ -1,0 +1,60 @@
+"""bench/gpu/tau.py on the CPU: which server serves a narrow budget (the KV reservation rule), the drafter's block
+size as the trained pair writes it, and the rows of the table (speedups against no speculation, the auto row's
+histogram), on CONSTRUCTED runner records (named ``constructed_*``). The GPU run is bench/gpu/run_all.sh's tau."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))  # tau.py imports engine_run from beside it
+spec = importlib.util.spec_from_file_location("tau_bench", ROOT / "bench" / "gpu" / "tau.py")
+tau = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tau)
+
+
+@pytest.mark.parametrize(
+    ("budget", "block", "widest"),
+    [(4, 16, 7), (7, 16, 7), (8, 16, 8), (16, 16, 16), (32, 16, 32), (4, 8, 4), (2, 8, 3), (1, 4, 1)],
+)
+def test_a_budget_below_half_the_block_is_served_under_a_wider_reservation(budget, block, widest):
+    # SGLang's DFLASH decode reserves 2 x (widest + 1) slots a step; the block must fit: 2 * (widest + 1) >= block
+    assert tau.reservation(budget, block) == widest
+    assert 2 * (widest + 1) >= block
+
+
+def test_the_block_size_is_read_from_the_drafter_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"block_size": 99, "dflash_config": {"block_size": 16}}))
+    assert tau.drafter_block_size(tmp_path) == 16
+    (tmp_path / "config.json").write_text(json.dumps({"block_size": 8}))
+    assert tau.drafter_block_size(tmp_path) == 8
+
+
+def constructed_record(rows):
+    return {"tau": [dict(zip(("batch", "temperature", "tau", "tok_s"), r, strict=True)) for r in rows]}
+
+
+def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histogram():
+    runs = {
+        ("none", 0): constructed_record([(1, 0.0, 1.0, 100.0), (8, 0.0, 1.0, 400.0)]),
+        ("DFLASH", 0): constructed_record([(1, 0.0, 2.7, 180.0)]),
+        ("DDTREE", "auto"): {**constructed_record([(1, 0.0, 3.4, 230.0)]),
+                             "budget_stats": {"budget_histogram": {"chain": 1, "16": 9}}},
+        ("DDTREE", 4): constructed_record([(8, 0.0, 2.6, 500.0)]),
+    }
+    log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
+                             {"mode": "ddtree", "temperature": 0.0, "budget": 4, "tau": 2.6}],
+                    "zlab_chain_greedy": {"tau": 2.57}}}
+    rows = {(r["method"], r["budget"], r["batch"]): r for r in tau.table_rows(runs, log)}
+    assert rows[("dflash", None, 1)]["speedup"] == 1.8 and rows[("dflash", None, 1)]["tau_reference"] == 2.65
+    assert rows[("dflash", None, 1)]["tau_zlab"] == 2.57
+    auto = rows[("ddtree-auto", "auto", 1)]
+    assert auto["speedup"] == 2.3 and auto["budget_histogram"] == {"chain": 1, "16": 9}
+    assert auto["tau_reference"] is None  # the reference engine has no auto budget
+    assert rows[("ddtree", 4, 8)]["speedup"] == 1.25 and rows[("ddtree", 4, 8)]["tau_reference"] == 2.6
+    assert "budget_histogram" not in rows[("ddtree", 4, 8)]
