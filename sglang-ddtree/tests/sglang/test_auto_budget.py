@@ -185,6 +185,7 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     assert lines[-1]["budget_histogram"] == {"chain": auto.total[CHAIN], "4": auto.total[4], "8": auto.total[8]}
     assert sum(lines[-1]["budget_histogram"].values()) == 128
     assert lines[-1]["step_ms"] == {"b<=1": {"chain": 1.0, "4": 1.0, "8": 1.0}}  # one tick a step
+    assert lines[-1]["expected_mean"] == {}  # no tree was ever priced
     # a second TP rank writes nothing (the first rank's file is the record)
     other = AutoBudget((CHAIN, 8), 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
     assert other.stats_path is None
@@ -211,6 +212,7 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
     # 3 samples: step 9's choice read the first (two samples earlier); the first had no calibration data yet
     first = expected_accept_length(tree, (CHAIN, 6)).mean(dim=0).tolist()
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first)
+    assert auto.stats()["expected_mean"] == pytest.approx({"chain": first[0], "6": first[1]}, abs=1e-4)
 
 
 def test_one_candidate_is_verified_every_step_without_timing_or_calibration():

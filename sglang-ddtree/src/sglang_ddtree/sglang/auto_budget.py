@@ -147,6 +147,8 @@ class AutoBudget:
         self.timer = _StepTimer(self.device, clock)
         self.expectations: collections.deque = collections.deque()
         self.expected = [0.0] * len(self.candidates)
+        self._expected_sum = [0.0] * len(self.candidates)  # over every sample read: the stats' expected_mean
+        self._expected_samples = 0
         self.steps = 0
         self.sample_every = max(1, int(sample_every))
         self.sampling = False  # this step updates the expectations and the calibration
@@ -175,6 +177,8 @@ class AutoBudget:
             if event is not None:
                 event.synchronize()  # recorded EXPECTATION_LAG steps ago: done by now
             self.expected = host.tolist()
+            self._expected_sum = [a + b for a, b in zip(self._expected_sum, self.expected, strict=True)]
+            self._expected_samples += 1
         candidate = self.costs.choose(self.expected, batch_size) if self.first_rank else CHAIN
         if self.tp_group is not None:
             candidate = self._first_ranks(candidate)
@@ -234,12 +238,17 @@ class AutoBudget:
         return [(label, row) for label, row in rows if any(ms is not None for ms in row)]
 
     def stats(self) -> dict:
-        """Steps, the histogram of every choice so far, and the measured ms per batch bucket and candidate."""
+        """Steps, the histogram of every choice so far, the measured ms per batch bucket and candidate, and the
+        mean of the (calibrated, batch-mean) expected accepted draft nodes per candidate over the samples read so far
+        (``expected_mean``, empty before the first: what a projection to other step costs prices)."""
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {label: {name[c]: round(ms, 4) for c, ms in zip(self.candidates, row, strict=True) if ms is not None}
                  for label, row in self.measured()}
+        samples = self._expected_samples
+        expected = ({name[c]: round(v / samples, 4) for c, v in zip(self.candidates, self._expected_sum, strict=True)}
+                    if samples else {})
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
-                "step_ms": costs}
+                "step_ms": costs, "expected_mean": expected}
 
     def write_stats(self) -> None:
         with open(self.stats_path, "a", encoding="utf-8") as fh:

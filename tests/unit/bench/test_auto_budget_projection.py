@@ -1,0 +1,64 @@
+"""bench/gpu/auto_budget_projection.py on the CPU, on CONSTRUCTED tau and step-cost rows (``constructed_*``): the
+tokens per ms of each fixed candidate at the 8B shape's costs, the best, and the pick of the plugin's own choice
+rule (sglang_ddtree.budget.OnlineStepCost) with the oracle's or a miscalibrated auto run's expectations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("projection", ROOT / "bench" / "gpu" / "auto_budget_projection.py")
+proj = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(proj)
+
+constructed_tau = [
+    {"method": "none", "budget": None, "batch": 1, "temperature": 0.0, "tau_sglang": 1.0},
+    {"method": "dflash", "budget": None, "batch": 1, "temperature": 0.0, "tau_sglang": 3.0},
+    {"method": "ddtree", "budget": 16, "batch": 1, "temperature": 0.0, "tau_sglang": 3.7},
+    {"method": "ddtree", "budget": 32, "batch": 1, "temperature": 0.0, "tau_sglang": 4.0},
+    {"method": "ddtree", "budget": 32, "batch": 8, "temperature": 0.0, "tau_sglang": 4.1},
+    {"method": "ddtree-auto", "budget": "auto", "batch": 1, "temperature": 0.0, "tau_sglang": 3.9},
+]
+constructed_costs = [
+    {"batch": 1, "budget": 16, "context": 128, "dflash_ms": 7.0, "ddtree_ms": 7.0},
+    {"batch": 1, "budget": 32, "context": 128, "dflash_ms": 7.0, "ddtree_ms": 9.0},
+    {"batch": 32, "budget": 16, "context": 128, "dflash_ms": 20.0, "ddtree_ms": 20.0},
+    {"batch": 1, "budget": 16, "context": 8192, "dflash_ms": 1.0, "ddtree_ms": 1.0},  # another context: left out
+]
+
+
+def test_the_oracle_pick_is_the_best_fixed_candidate_at_every_batch():
+    rows = {(r["batch"]): r for r in proj.project(constructed_tau, constructed_costs, None)}
+    one = rows[1]
+    assert one["tok_per_ms"] == pytest.approx({"chain": 3.0 / 7.0, "16": 3.7 / 7.0, "32": 4.0 / 9.0}, abs=1e-4)
+    assert one["best"] == "16" and one["auto"] == "16" and one["auto_over_best"] == 1.0
+    assert one["ms"]["chain"] == 7.0  # not the 8192-context row's 1.0
+    # batch 32: the tau of the nearest measured batch (8: only budget 32, unmeasured at the 8B shape there)
+    assert 32 not in rows or rows[32]["tau_batch"] == 8
+
+
+def test_a_miscalibrated_auto_run_is_priced_below_the_best():
+    expected = {"chain": 2.0, "16": 2.7, "32": 6.0}  # an over-confident calibration of the widest tree
+    one = next(r for r in proj.project(constructed_tau, constructed_costs, expected) if r["batch"] == 1)
+    assert one["best"] == "16" and one["auto"] == "32"
+    assert one["auto_over_best"] == pytest.approx((4.0 / 9.0) / (3.7 / 7.0), abs=1e-4)
+    assert "expected_mean" in one["expectations"]
+
+
+def test_the_command_writes_markdown_and_json(tmp_path):
+    (tmp_path / "tau.json").write_text(json.dumps({"rows": constructed_tau}))
+    (tmp_path / "cost.json").write_text(json.dumps({"rows": constructed_costs}))
+    (tmp_path / "stats.jsonl").write_text(json.dumps({"steps": 64, "expected_mean": {}}) + "\n"
+                                          + json.dumps({"steps": 128, "expected_mean": {"chain": 2.0, "16": 2.7,
+                                                                                        "32": 3.0}}) + "\n")
+    out = tmp_path / "auto-budget.md"
+    assert proj.main(["--tau", str(tmp_path / "tau.json"), "--step-cost", str(tmp_path / "cost.json"),
+                      "--auto-stats", str(tmp_path / "stats.jsonl"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| 0.0 | 1 | chain: 3.00 / 7.00 ms = 0.429; 16: 3.70 / 7.00 ms = 0.529; 32: 4.00 / 9.00 ms = 0.444" in text
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert rows[0]["auto"] == "16" and rows[0]["expectations"] == "auto's calibrated expected_mean"
