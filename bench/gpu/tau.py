@@ -67,7 +67,8 @@ def zlab_tau(log: dict, method: str, temperature: float) -> float | None:
 
 def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]:
     """Rows of the result (every configuration x batch x temperature), speedup = tok_s / no speculation's; the
-    auto budget's rows are ``ddtree-auto`` with the run's ``budget_histogram`` (over all its batches)."""
+    auto budget's rows are ``ddtree-auto`` with the run's ``budget_histogram`` (over all its batches) and
+    ``graphs`` (the extra verify widths' capture: widths, seconds, GB)."""
     base = {(r["batch"], r["temperature"]): r["tok_s"] for r in runs.get(("none", 0), {}).get("tau", [])}
     rows = []
     for (method, budget), rec in runs.items():
@@ -86,7 +87,8 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                     "tau_zlab": zlab_tau(log, method, r["temperature"]),
                     "tok_s": round(r["tok_s"], 1),
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
-                    **({"budget_histogram": (rec.get("budget_stats") or {}).get("budget_histogram")} if auto else {}),
+                    **({"budget_histogram": (rec.get("budget_stats") or {}).get("budget_histogram"),
+                        "graphs": (rec.get("budget_stats") or {}).get("graphs")} if auto else {}),
                 }
             )
     return rows

@@ -55,8 +55,11 @@ def _model_runner(width=17):
 def test_extra_widths_are_captured_widest_first_sharing_the_backends_buffers(monkeypatch):
     monkeypatch.setattr(StandInRunner, "built", [])
     model_runner, base, backend = _model_runner(17)
-    runners = capture_verify_widths(model_runner, [5, 9, 16, 17, 9])
+    record: dict = {}
+    runners = capture_verify_widths(model_runner, [5, 9, 16, 17, 9], record)
     assert StandInRunner.built == [16, 9, 5]
+    assert record["widest"] == 17 and record["widths"] == [16, 9, 5] and record["eager"] == []
+    assert record["seconds"] >= 0 and "gb" in record
     assert set(runners) == {5, 9, 16, 17} and runners[17] is base
     assert all(r.attn_backend is backend and r.captured_req_width == w for w, r in runners.items())
     assert backend.inits == 0, "the widest runner's graph buffers must not be re-allocated"
@@ -71,8 +74,8 @@ def test_a_width_that_fails_to_capture_runs_eagerly_and_says_so(monkeypatch, cap
     monkeypatch.setattr(StandInRunner, "FAILS", {9})
     model_runner, base, _ = _model_runner(17)
     with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
-        runners = capture_verify_widths(model_runner, [5, 9, 17])
-    assert set(runners) == {5, 17}
+        runners = capture_verify_widths(model_runner, [5, 9, 17], record := {})
+    assert set(runners) == {5, 17} and record["widths"] == [5] and record["eager"] == [9]
     assert any("no CUDA graphs for verify width 9 (RuntimeError: capture failed" in r.getMessage()
                for r in caplog.records)
     select_width(model_runner, runners, 9)
@@ -95,8 +98,8 @@ def test_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
     model_runner, base, backend = _model_runner(17)
     backend.update_mamba_state_after_mtp_verify = lambda **kwargs: None
     with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
-        runners = capture_verify_widths(model_runner, [5, 9, 17])
-    assert runners == {17: base} and StandInRunner.built == []
+        runners = capture_verify_widths(model_runner, [5, 9, 17], record := {})
+    assert runners == {17: base} and StandInRunner.built == [] and record["eager"] == [9, 5]
     assert any("hybrid linear-attention target: verify widths [9, 5] run without CUDA graphs" in r.getMessage()
                for r in caplog.records)
 
@@ -129,6 +132,7 @@ def test_the_worker_captures_the_widths_after_sglang_captured_the_target(monkeyp
     worker.init_cuda_graphs()
     assert calls == ["drafter graphs"] and StandInRunner.built == [8, 5]  # the chain (block 8), budget 4
     assert set(worker._ddtree_width_runners) == {17, 8, 5} and worker._ddtree_width_runners[17] is base
+    assert worker._ddtree_auto.stats()["graphs"]["widths"] == [8, 5]  # the stats file says what was captured
     # fixed budget, or graphs disabled (no target runner): nothing more than DFLASH's
     worker._ddtree_width_runners = None
     model_runner.decode_cuda_graph_runner = None

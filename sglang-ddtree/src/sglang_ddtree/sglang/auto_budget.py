@@ -159,6 +159,8 @@ class AutoBudget:
         #: one candidate (e.g. ``SGLANG_DDTREE_BUDGET=4`` under a wider KV reservation): nothing to choose, so no
         #: timing, no broadcast, and (``sampling`` stays False) no expectations or calibration
         self.fixed = len(self.candidates) == 1
+        #: the extra widths' graph capture (capture_verify_widths's record), for the stats file
+        self.graphs: dict = {}
 
     # --- the choice -----------------------------------------------------------------------------------------
     def begin_step(self, batch_size: int) -> int:
@@ -248,7 +250,7 @@ class AutoBudget:
         expected = ({name[c]: round(v / samples, 4) for c, v in zip(self.candidates, self._expected_sum, strict=True)}
                     if samples else {})
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
-                "step_ms": costs, "expected_mean": expected}
+                "step_ms": costs, "expected_mean": expected, "graphs": self.graphs}
 
     def write_stats(self) -> None:
         with open(self.stats_path, "a", encoding="utf-8") as fh:
@@ -266,7 +268,7 @@ class AutoBudget:
 
 
 # --- one CUDA graph runner per verify width -------------------------------------------------------------------
-def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any]:
+def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | None = None) -> dict[int, Any]:
     """{width: decode graph runner} for the target's verify: the runner SGLang captured (the server's widest
     width) and one more per other width, each captured by SGLang's own runner class.
 
@@ -274,6 +276,8 @@ def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any
     widest width; the extra runners reuse them rather than re-allocate them (which would leave the captured
     graphs reading freed memory): their ``init_cuda_graph_state`` call is skipped. Returns {} when the server
     runs without CUDA graphs; a width whose capture fails is left out (it then runs eagerly) with one log line.
+    ``record`` (optional) receives what the start-up log line says: ``widths`` with graphs besides the widest,
+    ``eager`` (widths without), ``seconds`` and ``gb`` (device memory the extra graphs took).
     """
     base = getattr(model_runner, "decode_cuda_graph_runner", None)
     if base is None or not hasattr(base, "captured_req_width"):
@@ -293,6 +297,8 @@ def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any
         # verify with the widest's offsets. Narrower widths run eagerly (exact; their measured cost says so).
         logger.warning("DDTREE budget: hybrid linear-attention target: verify widths %s run without CUDA graphs "
                        "(only the widest, %d, has them)", extra, widest)
+        if record is not None:
+            record.update(widest=widest, widths=[], eager=extra, seconds=0.0, gb=0.0)
         return runners
     free_before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
     began = time.perf_counter()
@@ -308,9 +314,13 @@ def capture_verify_widths(model_runner: Any, widths: list[int]) -> dict[int, Any
         del backend.init_cuda_graph_state
         model_runner.decode_cuda_graph_runner = base
     free_after = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+    captured = [w for w in extra if w in runners]
+    seconds, gb = time.perf_counter() - began, (free_before - free_after) / 2**30
     logger.info("DDTREE budget: captured verify graphs for widths %s besides %d in %.1f s, %.2f GB",
-                [w for w in extra if w in runners], widest, time.perf_counter() - began,
-                (free_before - free_after) / 2**30)
+                captured, widest, seconds, gb)
+    if record is not None:
+        record.update(widest=widest, widths=captured, eager=[w for w in extra if w not in runners],
+                      seconds=round(seconds, 2), gb=round(gb, 3))
     return runners
 
 

@@ -195,7 +195,7 @@ class DDTreeWorker(DFlashWorkerV2):
         from .auto_budget import capture_verify_widths, verify_width
 
         widths = [verify_width(c, self.block_size) for c in auto.candidates]
-        self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths)
+        self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths, auto.graphs)
 
     def _ddtree_select_width(self, width: int) -> None:
         if self._ddtree_width_runners:
