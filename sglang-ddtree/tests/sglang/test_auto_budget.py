@@ -104,6 +104,61 @@ def test_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
                for r in caplog.records)
 
 
+def test_with_the_variable_a_hybrid_targets_widths_get_graphs_and_linear_state_of_their_own(monkeypatch):
+    """SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=1: each narrower width's runner gets a hybrid backend sharing the
+    full-attention backend (and its widest-sized buffers) and a copy of SGLang's own linear-attention backend class
+    whose per-width graph state is built afresh at that width; the widest's state is untouched."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
+        HybridLinearAttnBackend,
+        MambaAttnBackendBase,
+    )
+
+    monkeypatch.setattr(StandInRunner, "built", [])
+    monkeypatch.setenv("SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS", "1")
+    linear = object.__new__(MambaAttnBackendBase)  # SGLang's class, its attributes set as its __init__ does
+    for name in ("state_indices_list", "query_start_loc_list", "retrieve_next_token_list",
+                 "retrieve_next_sibling_list", "retrieve_parent_token_list"):
+        setattr(linear, name, [])
+    linear.replayssm_write_pos_list = linear.replayssm_force_flush_list = None
+    linear.pad_slot_id, linear.device, linear.forward_metadata = -1, torch.device("cpu"), "the widest's metadata"
+    linear._replayssm_enabled = lambda: False
+    full = StandInBackend()
+    hybrid = object.__new__(HybridLinearAttnBackend)
+    hybrid.full_attn_backend, hybrid.linear_attn_backend = full, linear
+    hybrid.attn_backend_list = [full, linear]
+    MambaAttnBackendBase.init_cuda_graph_state(linear, 4, 4 * 17)  # what the widest's capture built
+    widest_offsets = linear.cached_cuda_graph_verify_query_start_loc.clone()
+    base = object.__new__(StandInRunner)
+    base.attn_backend, base.captured_req_width = hybrid, 17
+    model_runner = SimpleNamespace(decode_cuda_graph_runner=base)
+    record: dict = {}
+    runners = capture_verify_widths(model_runner, [5, 9, 17], record)
+    assert set(runners) == {5, 9, 17} and record["widths"] == [9, 5] and record["eager"] == []
+    assert full.inits == 0  # the full-attention buffers stay the widest's
+    own = runners[5].attn_backend
+    assert own is not hybrid and own.full_attn_backend is full and own.linear_attn_backend is not linear
+    assert own.attn_backend_list == [full, own.linear_attn_backend]
+    # the stand-in runner built it with max_bs 8 and 8 * width tokens: offsets step by the width
+    assert own.linear_attn_backend.cached_cuda_graph_verify_query_start_loc[:3].tolist() == [0, 5, 10]
+    assert own.linear_attn_backend.retrieve_next_token_list[0].shape == (1, 5)
+    assert own.linear_attn_backend.forward_metadata is None
+    assert torch.equal(linear.cached_cuda_graph_verify_query_start_loc, widest_offsets)  # the widest's untouched
+    assert len(linear.state_indices_list) == 4 and linear.forward_metadata == "the widest's metadata"
+    assert "init_cuda_graph_state" not in vars(hybrid)
+    # every attribute this SGLang release's init_cuda_graph_state builds is one a width's copy starts afresh
+    from sglang_ddtree.sglang.auto_budget import _LINEAR_GRAPH_STATE
+
+    probe = object.__new__(MambaAttnBackendBase)
+    given = {"pad_slot_id": -1, "device": torch.device("cpu"), "_replayssm_enabled": lambda: False}
+    vars(probe).update(given, **{name: [] for name in ("state_indices_list", "query_start_loc_list",
+                                                        "retrieve_next_token_list", "retrieve_next_sibling_list",
+                                                        "retrieve_parent_token_list")})
+    MambaAttnBackendBase.init_cuda_graph_state(probe, 2, 2 * 5)
+    built = {k for k, v in vars(probe).items() if k not in given and v is not None and not (isinstance(v, list)
+                                                                                           and not v)}
+    assert built and built <= set(_LINEAR_GRAPH_STATE), built - set(_LINEAR_GRAPH_STATE)
+
+
 def test_after_sglang_captures_anew_the_old_widths_are_dropped(caplog):
     model_runner, base, _ = _model_runner(17)
     runners = {17: base, 9: "graphs of width 9"}

@@ -228,6 +228,20 @@ def test_mamba_commit_passes_the_last_accepted_node_index():
     assert call["mamba_steps_to_track"] is None and call["req_pool_indices"].tolist() == [4, 2]
 
 
+def test_mamba_commit_after_a_graph_replay_goes_through_the_replaying_runners_backend():
+    """A narrower hybrid width replays with a backend of its own (auto_budget.hybrid_width_backend), whose metadata
+    holds this step's state slots: the commit must use it, and the model runner's after an eager verify."""
+    worker, own = _worker()
+    width_backend = StandInAttnBackend()
+    worker._target_worker.model_runner.decode_cuda_graph_runner = SimpleNamespace(attn_backend=width_backend)
+    batch = SimpleNamespace(mamba_track_indices=None, req_pool_indices=torch.tensor([4]))
+    args = (batch, torch.tensor([[0, 1, -1]]), torch.tensor([1]), torch.tensor([10]), 8)
+    worker._ddtree_mamba_commit(*args, replayed=True)
+    assert len(width_backend.calls) == 1 and own.calls == []
+    worker._ddtree_mamba_commit(*args, replayed=False)
+    assert len(width_backend.calls) == 1 and len(own.calls) == 1
+
+
 def test_greedy_head_is_intercepted_only_while_capturing_the_draft():
     from sglang_ddtree.sglang.worker import _DraftCaptured
 

@@ -28,6 +28,7 @@ include the eager run, so the choice only takes a narrower width where it pays e
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import os
@@ -52,10 +53,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EXPECTATION_LAG",
+    "HYBRID_GRAPHS_ENV",
     "SAMPLE_EVERY",
     "STATS_ENV",
     "AutoBudget",
     "capture_verify_widths",
+    "hybrid_width_backend",
     "select_width",
     "verify_width",
 ]
@@ -291,12 +294,15 @@ def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | N
         raise ValueError(f"verify widths {too_wide} exceed the captured width {widest}")
     if not extra:
         return runners
-    if hasattr(backend, "update_mamba_state_after_mtp_verify"):
+    hybrid = hasattr(backend, "update_mamba_state_after_mtp_verify")
+    if hybrid and os.environ.get(HYBRID_GRAPHS_ENV, "") != "1":
         # The hybrid linear-attention backend precomputes per-width graph state (query start offsets and the
         # retrieve buffers, [bs, width]) in init_cuda_graph_state: sharing the widest's would replay a narrower
-        # verify with the widest's offsets. Narrower widths run eagerly (exact; their measured cost says so).
+        # verify with the widest's offsets. Narrower widths run eagerly (exact; their measured cost says so),
+        # unless HYBRID_GRAPHS_ENV gives each width a backend of its own (hybrid_width_backend).
         logger.warning("DDTREE budget: hybrid linear-attention target: verify widths %s run without CUDA graphs "
-                       "(only the widest, %d, has them)", extra, widest)
+                       "(only the widest, %d, has them; %s=1 captures them too, not yet checked on a GPU)",
+                       extra, widest, HYBRID_GRAPHS_ENV)
         if record is not None:
             record.update(widest=widest, widths=[], eager=extra, seconds=0.0, gb=0.0)
         return runners
@@ -306,7 +312,8 @@ def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | N
     try:
         for width in extra:
             try:
-                runners[width] = type(base)(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
+                own = hybrid_width_backend(backend) if hybrid else backend
+                runners[width] = type(base)(model_runner, attn_backend=own, speculative_num_draft_tokens=width)
             except Exception as exc:  # the width runs eagerly: slower, still exact
                 logger.warning("DDTREE budget: no CUDA graphs for verify width %d (%s: %s); it runs eagerly",
                                width, type(exc).__name__, exc)
@@ -322,6 +329,48 @@ def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | N
         record.update(widest=widest, widths=captured, eager=[w for w in extra if w not in runners],
                       seconds=round(seconds, 2), gb=round(gb, 3))
     return runners
+
+
+#: ``1``: hybrid linear-attention targets get CUDA graphs at every verify width (:func:`hybrid_width_backend`), not
+#: only at the widest. Off by default until bench/gpu/lossless.py's hybrid run has shown it exact on a GPU.
+HYBRID_GRAPHS_ENV = "SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS"
+#: The per-graph state a linear-attention backend (SGLang's MambaAttnBackendBase) builds in init_cuda_graph_state and
+#: refreshes at each replay, sized by the verify width: a width's own backend starts with these empty.
+_LINEAR_GRAPH_STATE = {
+    "forward_metadata": None,
+    "state_indices_list": list,
+    "query_start_loc_list": list,
+    "retrieve_next_token_list": list,
+    "retrieve_next_sibling_list": list,
+    "retrieve_parent_token_list": list,
+    "mamba_track_indices_buf": None,
+    "replayssm_write_pos_list": None,
+    "replayssm_force_flush_list": None,
+    "cached_cuda_graph_decode_query_start_loc": None,
+    "cached_cuda_graph_verify_query_start_loc": None,
+}
+
+
+def hybrid_width_backend(backend: Any) -> Any:
+    """A hybrid (full + linear attention) backend for one narrower verify width's graphs: the full-attention
+    backend is shared (its graph buffers, sized for the widest width, serve every width, as for pure-attention
+    targets), the linear-attention backend is a shallow copy with its own per-width graph state (query start
+    offsets ``arange(0, bs * width, width)`` and ``[bs, width]`` retrieve buffers), which the returned backend's
+    ``init_cuda_graph_state`` builds (for the linear part only) when SGLang's graph runner calls it.
+
+    The copy's ``forward_metadata`` is what a replay of that width sets; the worker commits the recurrent state
+    through the backend of the runner that replayed the step (``worker._ddtree_mamba_commit``).
+    """
+    linear = copy.copy(backend.linear_attn_backend)
+    for name, fresh in _LINEAR_GRAPH_STATE.items():
+        if hasattr(linear, name):
+            setattr(linear, name, fresh() if callable(fresh) else fresh)
+    own = copy.copy(backend)
+    own.linear_attn_backend = linear
+    own.attn_backend_list = [backend.full_attn_backend if x is backend.full_attn_backend else linear
+                             for x in backend.attn_backend_list]
+    own.init_cuda_graph_state = linear.init_cuda_graph_state  # the full-attention buffers are the widest's
+    return own
 
 
 def select_width(model_runner: Any, runners: dict[int, Any], width: int) -> None:

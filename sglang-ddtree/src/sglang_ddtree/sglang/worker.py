@@ -383,9 +383,17 @@ class DDTreeWorker(DFlashWorkerV2):
                               torch.where(plan.move_src >= 0, plan.move_src, zero).reshape(-1))
 
     def _ddtree_mamba_commit(self, batch, accept_index, accept_len, seq_lens_pre_verify, track_interval=None,
-                             last=None):
-        """Commit the recurrent state of hybrid targets at the last ACCEPTED node (not at accept_len)."""
-        attn_backend = self.target_worker.model_runner.attn_backend
+                             last=None, replayed=False):
+        """Commit the recurrent state of hybrid targets at the last ACCEPTED node (not at accept_len).
+
+        ``replayed``: the verify ran as a CUDA graph; its metadata (the state slots) is then in the backend of the
+        graph runner that replayed it, a width's own copy for the auto budget's narrower hybrid widths
+        (``auto_budget.hybrid_width_backend``), else the model runner's backend itself."""
+        model_runner = self.target_worker.model_runner
+        attn_backend = model_runner.attn_backend
+        runner = getattr(model_runner, "decode_cuda_graph_runner", None) if replayed else None
+        if runner is not None and getattr(runner, "attn_backend", None) is not None:
+            attn_backend = runner.attn_backend
         if not hasattr(attn_backend, "update_mamba_state_after_mtp_verify"):
             return None
         tracking = getattr(batch, "mamba_track_indices", None) is not None
@@ -532,7 +540,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_commit_kv(self.model_runner.token_to_kv_pool, plan)
         if self._need_mamba_verify_commit:
             self._ddtree_mamba_commit(batch, accept_index, accept_len, seq_lens_pre_verify,
-                                      self._ddtree_track_interval_value, plan.last_node)
+                                      self._ddtree_track_interval_value, plan.last_node,
+                                      replayed=bool(target_out.can_run_cuda_graph))
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
 
