@@ -171,3 +171,22 @@ def test_a_check_that_failed_or_was_not_decided_is_in_the_markdown(report, ddtre
     report = copy.deepcopy(report)
     report["inference"][0]["plan"]["ddtree"] = ddtree
     assert expected in render(report)
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected", "absent"),
+    [
+        (None, "(`--speculative-num-draft-tokens 17`). GPU fit", "SGLANG_DDTREE_BUDGET"),
+        ({"value": "auto", "candidates": [0, 4, 8, 16]},
+         "chosen per step by the server among 0, 4, 8, 16 (`SGLANG_DDTREE_BUDGET=auto` in the unit; 0 is the chain, "
+         "16 the widest)", "every step"),
+        ({"value": "4", "candidates": [4]},
+         "verifying 4 nodes every step (`SGLANG_DDTREE_BUDGET=4` in the unit; 0 is the chain; KV and graphs sized "
+         "for 16)", "chosen per step"),
+    ],
+)
+def test_the_budget_sentence_says_how_the_server_chooses(report, choice, expected, absent):
+    plan = report["inference"][0]["plan"]
+    plan["budget"], plan["num_draft_tokens"], plan["budget_choice"] = 16, 17, choice
+    md = render(report)
+    assert expected in md and absent not in md
