@@ -20,7 +20,8 @@
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
-# SKIP="core-bench hybrid" leaves steps out. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
+# SKIP="core-bench hybrid" leaves steps out. With OUT set (the lent GPU host), the results and logs of STATE (not the
+# models) are packed into $OUT/run_all-state.tgz at the end of every call. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STATE=${1:?state directory}
@@ -133,5 +134,13 @@ for name in ${STEPS:-core-stages core-tests core-bench sglang-setup measure loss
   case "$name" in core-*) ;; *) sglang_env ;; esac
   run_step "$name"
 done
+shopt -s nullglob
 done_steps=("$STATE"/done-*)
+shopt -u nullglob
 echo "== run_all: ${#done_steps[@]} steps done; $(($(date +%s) - T0)) s in this call"
+# On the lent GPU host, $OUT comes back: every result and log of the state dir (not the models) in one archive.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  (cd "$STATE" && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.md' \) -size -8M \
+    -not -path './*/models*' -not -path './shape-*' -not -path './pair/target/*' -not -path './pair/drafter/*' \
+    -print0 | tar -czf "$OUT/run_all-state.tgz" --null -T -) && echo "== run_all: results in \$OUT/run_all-state.tgz"
+fi
