@@ -21,7 +21,8 @@
 # attention with and without the tree mask at 16 and 17 tokens).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
 # SKIP="core-bench hybrid" leaves steps out. With OUT set (the lent GPU host), the results and logs of STATE (not the
-# models) are packed into $OUT/run_all-state.tgz at the end of every call. BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
+# models) are packed into $OUT/run_all-state.tgz at the end of every call.
+# BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STATE=${1:?state directory}
