@@ -20,8 +20,9 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
 Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
 extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
 and :func:`select_width` points the model runner at the runner of the step's width. A width without a runner
-runs eagerly (SGLang's own uniform-width check refuses a graph of another width): so far every width but the
-widest on hybrid linear-attention targets, whose backend keeps per-width graph state. The measured costs then
+runs eagerly (SGLang's own uniform-width check refuses a graph of another width): by default every width but the
+widest on hybrid linear-attention targets, whose backend keeps per-width graph state (``HYBRID_GRAPHS_ENV=1`` gives
+each width a backend of its own instead: :func:`hybrid_width_backend`). The measured costs then
 include the eager run, so the choice only takes a narrower width where it pays even so.
 """
 
