@@ -447,7 +447,8 @@ class OnlineStepCost:
     average whose samples are clipped to within ``clip`` times the estimate (a spike moves it by at most
     ``alpha * (clip - 1)``; a lasting change is followed within a few steps). Fed by :meth:`choose`: how often the
     choice issued each candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps[k]``
-    counts the bucket's steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
+    counts the bucket's steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor
+    op).
 
     :meth:`choose` is a function of these tables, the batch size and the expectations only (under tensor
     parallelism the worker lets the first rank choose and broadcasts it: ``sglang/auto_budget.py``).
