@@ -8,6 +8,7 @@ YAML (defaults, vars, the includes' vars) for the defaults and for other values,
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -109,10 +110,17 @@ def test_background_waits(file, script, overrides):
     wanted_vars = ("sglang_service_bg_limit_s", "sglang_service_bg_what")
     v = resolve({**base, **load(role / "vars/main.yml"), **{k: val for k, val in include.items() if k in wanted_vars}})
     tasks = load(role / "tasks/background.yml")
-    start, poll = task(tasks, "Start it in the background"), task(tasks, "sglang_service_bg_what")
+    start = next(t for t in tasks if "bgjob.py', 'start'" in str(t.get("ansible.builtin.command", {}).get("argv")))
+    poll = next(t for t in tasks if "until" in t)
     name = render(poll["name"], v)
     limit = named_limit(name)
     assert int(render(poll["retries"], v)) * int(render(poll["delay"], v)) == limit, name
-    assert int(render(start["async"], v)) == limit, name
+    assert named_limit(render(start["name"], v)) == limit  # the starting command's name states it too
+    # the job's own limit: bgjob.py start JOBS_DIR LIMIT_S WAIT_S -- ... (it ends the job then)
+    argv = ast.literal_eval(render(start["ansible.builtin.command"]["argv"], {
+        **v, "sglang_service_bg_python": "/usr/bin/python3", "sglang_service_bg_script": script,
+        "sglang_service_bg_args": ["ARG"]}))
+    assert argv[2:7] == ["start", "/var/lib/specdec-pivot/jobs", str(limit), str(v["sglang_service_bg_wait_s"]), "--"]
+    assert argv[7:] == ["/usr/bin/python3", f"/var/lib/specdec-pivot/bin/{script}", "ARG"]
     wanted = float(v["sglang_service_bg_limit_s"])
     assert wanted <= limit < wanted + int(v["sglang_service_poll_s"]), name

@@ -104,7 +104,8 @@ def test_refusals_before_anything_is_written(tmp_path):
     assert not (tmp_path / "a").exists()
     relative = run({"files": [{"path": "rel/f", "content": "some text", "mode": "0600"}]})
     assert relative["failed"] and "not an absolute path" in relative["msg"]
-    both = run({"files": [{"path": str(tmp_path / "c"), "content": "some text", "src": "/etc/hostname", "mode": "0600"}]})
+    both = run({"files": [{"path": str(tmp_path / "c"), "content": "some text", "src": "/etc/hostname",
+                           "mode": "0600"}]})
     assert both["failed"] and "mutually exclusive" in both["msg"]
     no_dir = run({"files": [{"path": str(tmp_path / "no" / "f"), "content": "some text", "mode": "0600"}]})
     assert no_dir["failed"] and "does not exist" in no_dir["msg"]
