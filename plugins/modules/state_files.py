@@ -15,8 +15,8 @@ description:
     run. The pivot writes its state (a staged unit, the records of the unit before a switch, the scripts of its
     background jobs, the keys file of the generation probe) this way instead of one C(ansible.builtin.copy) or
     C(ansible.builtin.file) task per path, each of which costs a round trip or three to the host.
-  - A file's bytes come from O(files[].content) (text, written as UTF-8) or from O(files[].src), another file B(on
-    the host). A file is written whole or not at all (a temporary file in the same directory, renamed over it); one
+  - A file's bytes come from O(files[].content) (text, written as UTF-8), O(files[].content_base64) (bytes) or
+    O(files[].src), another file B(on the host). A file is written whole or not at all (a temporary file in the same directory, renamed over it); one
     whose bytes, owner, group and mode already match is left alone.
   - O(files[].force=false) never touches an existing file (a record that must not be overwritten).
     O(files[].scratch=true) writes the file but never reports it as a change (the pivot's own scratch files).
@@ -59,7 +59,14 @@ options:
         type: path
         required: true
       content:
-        description: The file's text. Exactly one of O(files[].content) and O(files[].src).
+        description: The file's text. Exactly one of O(files[].content), O(files[].content_base64) and O(files[].src).
+        type: str
+      content_base64:
+        description: The file's bytes, base64-encoded (a wheel, say).
+        type: str
+      sha256:
+        description:
+          - The sha256 (hex) the file's bytes must have; other bytes fail the module before anything is written.
         type: str
       src:
         description: A file on the host whose bytes are copied.
@@ -141,6 +148,8 @@ directories:
   elements: str
 """
 
+import base64
+import binascii
 import hashlib
 import os
 import tempfile
@@ -150,6 +159,8 @@ from ansible.module_utils.basic import AnsibleModule
 FILE_SPEC = {
     "path": {"type": "path", "required": True},
     "content": {"type": "str", "no_log": True},
+    "content_base64": {"type": "str", "no_log": True},
+    "sha256": {"type": "str"},
     "src": {"type": "path"},
     "mode": {"type": "str", "required": True},
     "owner": {"type": "str"},
@@ -170,8 +181,8 @@ ARGUMENT_SPEC = {
         "elements": "dict",
         "default": [],
         "options": FILE_SPEC,
-        "mutually_exclusive": [("content", "src")],
-        "required_one_of": [("content", "src")],
+        "mutually_exclusive": [("content", "content_base64", "src")],
+        "required_one_of": [("content", "content_base64", "src")],
     },
 }
 
@@ -259,18 +270,31 @@ def main() -> None:
                     raise StateFilesError(f"files[].{key}={spec[key]} is not an absolute path")
             if spec["src"] and not os.path.isfile(spec["src"]):
                 raise StateFilesError(f"files[].src={spec['src']} is not a file on the host")
-        for spec in module.params["directories"]:
-            if not os.path.isabs(spec["path"]):
-                raise StateFilesError(f"directories[].path={spec['path']} is not an absolute path")
-            if make_directory(module, spec):
-                result["directories"].append(spec["path"])
-                result["changed"] = True
+        contents = []
         for spec in module.params["files"]:
             if spec["src"]:
                 with open(spec["src"], "rb") as fh:
                     data = fh.read()
+            elif spec["content_base64"] is not None:
+                try:
+                    data = base64.b64decode(spec["content_base64"], validate=True)
+                except (binascii.Error, ValueError) as exc:
+                    raise StateFilesError(f"files[].content_base64 of {spec['path']} is not base64: {exc}") from exc
             else:
                 data = spec["content"].encode("utf-8")
+            if spec["sha256"] and hashlib.sha256(data).hexdigest() != spec["sha256"].lower():
+                raise StateFilesError(
+                    f"the bytes for {spec['path']} do not have sha256 {spec['sha256']} (they have "
+                    f"{hashlib.sha256(data).hexdigest()}); nothing was written"
+                )
+            contents.append(data)
+        for directory in module.params["directories"]:
+            if not os.path.isabs(directory["path"]):
+                raise StateFilesError(f"directories[].path={directory['path']} is not an absolute path")
+            if make_directory(module, directory):
+                result["directories"].append(directory["path"])
+                result["changed"] = True
+        for spec, data in zip(module.params["files"], contents):
             entry = put_file(module, spec, data)
             result["files"].append(entry)
             if entry["changed"] and not spec["scratch"]:

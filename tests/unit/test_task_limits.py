@@ -81,7 +81,8 @@ def test_training_halt_wait(overrides):
     limit = named_limit(render(poll["name"], v))
     assert int(render(poll["retries"], v)) * int(render(poll["delay"], v)) == limit
     assert int(render(start["async"], v)) == limit
-    raw = int(v["training_halt_timeout"]) + (60 if str(v["training_halt_wait_gpu_release"]) == "True" else 0) + 30
+    raw = (int(v["training_halt_timeout"]) + (60 if str(v["training_halt_wait_gpu_release"]) == "True" else 0)
+           + float(v["training_halt_settle_s"]) + 30)  # the halt, the GPUs' release, the second look, 30 s to spare
     assert raw <= limit < raw + int(v["training_halt_poll_s"])  # the halt's own budget, rounded up to whole polls
 
 

@@ -8,6 +8,7 @@ writes nothing and predicts the change; the contents never appear in the result.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -114,3 +115,17 @@ def test_refusals_before_anything_is_written(tmp_path):
 def test_an_empty_file(tmp_path):
     r = run({"files": [{"path": str(tmp_path / "empty"), "content": "", "mode": "0644"}]})
     assert r["changed"] is True and (tmp_path / "empty").read_bytes() == b"" and r["files"][0]["path"].endswith("empty")
+
+
+def test_bytes_from_base64_checked_against_their_sha256(tmp_path):
+    data = bytes(range(256)) * 4
+    wheel = tmp_path / "wheels" / "x-1.0-py3-none-any.whl"
+    spec = {"path": str(wheel), "content_base64": base64.b64encode(data).decode(), "mode": "0644",
+            "sha256": hashlib.sha256(data).hexdigest()}
+    r = run({"directories": [{"path": str(wheel.parent)}], "files": [spec]})
+    assert r["changed"] is True and wheel.read_bytes() == data and mode(wheel) == 0o644
+    assert run({"files": [spec]})["changed"] is False
+    wrong = run({"files": [{**spec, "path": str(tmp_path / "other.whl"), "sha256": "0" * 64}]})
+    assert wrong["failed"] and "do not have sha256" in wrong["msg"] and not (tmp_path / "other.whl").exists()
+    junk = run({"files": [{"path": str(tmp_path / "j"), "content_base64": "not base64!", "mode": "0644"}]})
+    assert junk["failed"] and "is not base64" in junk["msg"]
