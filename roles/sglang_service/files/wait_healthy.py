@@ -1,6 +1,12 @@
 """Wait on the host until an SGLang server answers /health 200, or fail fast when its systemd unit dies.
 
-Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S]
+Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart]
+
+With --restart it first reloads systemd and restarts the unit itself (``systemctl daemon-reload``, ``systemctl
+restart UNIT``; TIMEOUT_S then counts from the reload, the old server's stop included), so the caller has nothing left to do between the old server's stop and
+the new server's first 200 (the pivot's controller then only waits: its own work no longer competes with the new
+server's start for the host's CPUs). A restart that fails is the reason (``restart``: its exit status, its stderr,
+how long it took).
 
 Polls URL every INTERVAL_S (default 0.25) seconds and, between polls, the unit's systemd state. Stops early with
 a reason when the unit is failed, exited, or systemd restarted it (NRestarts grew: the server crashed at start),
@@ -167,16 +173,37 @@ def dead_reason(state: dict[str, str], baseline_restarts: int) -> str:
     return ""
 
 
+def restart(unit: str, timeout: float) -> dict:
+    """``systemctl daemon-reload`` (systemd reads the unit file the switch just wrote), then ``systemctl restart
+    UNIT``: the command that failed (or the restart), its exit status, stderr and how long both took."""
+    t0 = time.monotonic()
+    for command in (["systemctl", "daemon-reload"], ["systemctl", "restart", unit]):
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  timeout=max(timeout - (time.monotonic() - t0), 1.0))
+            rc, err = proc.returncode, proc.stderr.strip()
+        except subprocess.TimeoutExpired:
+            rc, err = None, f"did not return within {timeout:g} s"
+        if rc != 0:
+            break
+    return {"command": " ".join(command), "rc": rc, "stderr": err[-500:], "s": round(time.monotonic() - t0, 3)}
+
+
 def main(argv: list[str]) -> int:
+    do_restart = "--restart" in argv
+    argv = [a for a in argv if a != "--restart"]
     url, unit, timeout = argv[1], argv[2], float(argv[3])
     interval = float(argv[4]) if len(argv) > 4 else 0.25
-    start = time.monotonic()
     iso = wall_clock(time.time() - time.monotonic())
+    start = time.monotonic()  # with --restart the deadline counts from the restart (the old server's stop included)
+    restarted = restart(unit, timeout) if do_restart else None
     baseline = unit_state(unit)
     baseline_restarts = int(baseline.get("NRestarts", "0") or 0)
     polls, status, reason, detail = 0, -1, "", ""
     state = baseline
-    while True:
+    if restarted is not None and restarted["rc"] != 0:
+        reason = f"{restarted['command']} failed (exit status {restarted['rc']}): {restarted['stderr']}"
+    while not reason:
         polls += 1
         status, detail = health(url, timeout=min(5.0, max(interval * 4, 1.0)))
         now = time.monotonic()
@@ -215,6 +242,7 @@ def main(argv: list[str]) -> int:
         "state": state,
         "journal": [],
         "ddtree_log": None,
+        "restart": restarted,
     }
     if status == 200:
         result["ddtree_log"] = ddtree_log(this_start_journal(unit, state.get("InvocationID", "")))
