@@ -16,8 +16,8 @@ description:
     background jobs, the keys file of the generation probe) this way instead of one C(ansible.builtin.copy) or
     C(ansible.builtin.file) task per path, each of which costs a round trip or three to the host.
   - A file's bytes come from O(files[].content) (text, written as UTF-8), O(files[].content_base64) (bytes) or
-    O(files[].src), another file B(on the host). A file is written whole or not at all (a temporary file in the same directory, renamed over it); one
-    whose bytes, owner, group and mode already match is left alone.
+    O(files[].src), another file B(on the host). A file is written whole or not at all (a temporary file in the
+    same directory, renamed over it); one whose bytes, owner, group and mode already match is left alone.
   - O(files[].force=false) never touches an existing file (a record that must not be overwritten).
     O(files[].scratch=true) writes the file but never reports it as a change (the pivot's own scratch files).
   - The files' contents are C(no_log) (they may hold the server's keys); nothing returned shows them.
@@ -294,7 +294,7 @@ def main() -> None:
             if make_directory(module, directory):
                 result["directories"].append(directory["path"])
                 result["changed"] = True
-        for spec, data in zip(module.params["files"], contents):
+        for spec, data in zip(module.params["files"], contents):  # noqa: B905 (the host's Python 3.8+)
             entry = put_file(module, spec, data)
             result["files"].append(entry)
             if entry["changed"] and not spec["scratch"]:

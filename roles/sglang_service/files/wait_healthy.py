@@ -3,10 +3,10 @@
 Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart]
 
 With --restart it first reloads systemd and restarts the unit itself (``systemctl daemon-reload``, ``systemctl
-restart UNIT``; TIMEOUT_S then counts from the reload, the old server's stop included), so the caller has nothing left to do between the old server's stop and
-the new server's first 200 (the pivot's controller then only waits: its own work no longer competes with the new
-server's start for the host's CPUs). A restart that fails is the reason (``restart``: its exit status, its stderr,
-how long it took).
+restart UNIT``; TIMEOUT_S then counts from the reload, the old server's stop included), so the caller has nothing
+left to do between the old server's stop and the new server's first 200 (the pivot's controller then only waits:
+its own work no longer competes with the new server's start for the host's CPUs). A reload or restart that fails
+is the reason (``restart``: the command, its exit status, its stderr, how long it took).
 
 Polls URL every INTERVAL_S (default 0.25) seconds and, between polls, the unit's systemd state. Stops early with
 a reason when the unit is failed, exited, or systemd restarted it (NRestarts grew: the server crashed at start),

@@ -13,8 +13,8 @@ units' ExecStart name the project's venvs, so the probe still runs the real inte
 
 from __future__ import annotations
 
-import importlib.util
 import base64
+import importlib.util
 import json
 import os
 import re
