@@ -462,7 +462,7 @@ def test_interrupted_while_the_new_server_starts_converges(lab, tmp_path) -> Non
     # The session is lost (SIGKILL) while the new server starts: at the first poll of the health wait, whose
     # background job restarted the unit first (it goes on, detached; -e sglang_service_bg_wait_s=0: polled at once).
     first = pivot(tmp_path, "-e", "sglang_service_bg_wait_s=0",
-                  interrupt_on="waiting [pro6000]: Wait for /health on the host after restarting sglang.service",
+                  interrupt_on="waiting [pro6000]: Restart sglang.service (at most 300 s), then wait for /health",
                   interrupt_signal=signal.SIGKILL)
     assert first.rc != 0
     lk.wait_for(lk.healthy, 360, "the new server comes up by itself")  # SGLang's import: up to ~105 s on a loaded CI

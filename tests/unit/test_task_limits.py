@@ -102,13 +102,15 @@ def caller_vars(file: str, script: str) -> dict:
      ("prepare.yml", "generation_probe.py", {"sglang_service_baseline_timeout": 45})],
     ids=["health", "health-lab", "health-odd", "restored-health", "probe", "baseline"],
 )
-def test_background_waits(file, script, overrides):
+@pytest.mark.parametrize("restarts", [False, True], ids=["wait", "restart-then-wait"])
+def test_background_waits(file, script, overrides, restarts):
     role = ROLES / "sglang_service"
     base = {**load(role / "defaults/main.yml"), **overrides}
     base["sglang_service_wait_timeout"] = base["sglang_service_health_timeout"]  # switch.yml passes it
     base["pivot_state_dir"] = "/var/lib/specdec-pivot"
     include = caller_vars(file, script)
-    wanted_vars = ("sglang_service_bg_limit_s", "sglang_service_bg_what")
+    base["sglang_service_wait_restarts"] = restarts  # switch.yml: the job reloads and restarts the unit first
+    wanted_vars = ("sglang_service_bg_limit_s", "sglang_service_bg_what", "restarts")
     v = resolve({**base, **load(role / "vars/main.yml"), **{k: val for k, val in include.items() if k in wanted_vars}})
     tasks = load(role / "tasks/background.yml")
     start = next(t for t in tasks if "bgjob.py', 'start'" in str(t.get("ansible.builtin.command", {}).get("argv")))

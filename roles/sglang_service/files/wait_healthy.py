@@ -1,10 +1,10 @@
 """Wait on the host until an SGLang server answers /health 200, or fail fast when its systemd unit dies.
 
-Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart]
+Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart RESTART_TIMEOUT_S]
 
 With --restart it first reloads systemd and restarts the unit itself (``systemctl daemon-reload``, ``systemctl
-restart UNIT``; TIMEOUT_S then counts from the reload, the old server's stop included), so the caller has nothing
-left to do between the old server's stop and the new server's first 200 (the pivot's controller then only waits:
+restart UNIT``, together within RESTART_TIMEOUT_S: the old server's stop, up to the unit's TimeoutStopSec, and the
+new one's exec; TIMEOUT_S counts from when the restart returned), so the caller has nothing left to do between the old server's stop and the new server's first 200 (the pivot's controller then only waits:
 its own work no longer competes with the new server's start for the host's CPUs). A reload or restart that fails
 is the reason (``restart``: the command, its exit status, its stderr, how long it took).
 
@@ -190,13 +190,16 @@ def restart(unit: str, timeout: float) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    do_restart = "--restart" in argv
-    argv = [a for a in argv if a != "--restart"]
+    restart_timeout = None
+    if "--restart" in argv:
+        at = argv.index("--restart")
+        restart_timeout = float(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     url, unit, timeout = argv[1], argv[2], float(argv[3])
     interval = float(argv[4]) if len(argv) > 4 else 0.25
     iso = wall_clock(time.time() - time.monotonic())
-    start = time.monotonic()  # with --restart the deadline counts from the restart (the old server's stop included)
-    restarted = restart(unit, timeout) if do_restart else None
+    restarted = restart(unit, restart_timeout) if restart_timeout is not None else None
+    start = time.monotonic()  # the deadline counts from here: after the restart returned
     baseline = unit_state(unit)
     baseline_restarts = int(baseline.get("NRestarts", "0") or 0)
     polls, status, reason, detail = 0, -1, "", ""
