@@ -4,9 +4,10 @@ Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart RESTART_TIMEOU
 
 With --restart it first reloads systemd and restarts the unit itself (``systemctl daemon-reload``, ``systemctl
 restart UNIT``, together within RESTART_TIMEOUT_S: the old server's stop, up to the unit's TimeoutStopSec, and the
-new one's exec; TIMEOUT_S counts from when the restart returned), so the caller has nothing left to do between the old server's stop and the new server's first 200 (the pivot's controller then only waits:
-its own work no longer competes with the new server's start for the host's CPUs). A reload or restart that fails
-is the reason (``restart``: the command, its exit status, its stderr, how long it took).
+new one's exec; TIMEOUT_S counts from when the restart returned), so the caller has nothing left to do between the
+old server's stop and the new server's first 200 (the pivot's controller then only waits: its own work no longer
+competes with the new server's start for the host's CPUs). A reload or restart that fails is the reason
+(``restart``: the command, its exit status, its stderr, how long it took).
 
 Polls URL every INTERVAL_S (default 0.25) seconds and, between polls, the unit's systemd state. Stops early with
 a reason when the unit is failed, exited, or systemd restarted it (NRestarts grew: the server crashed at start),
