@@ -42,7 +42,7 @@ def now_iso() -> str:
 
 def write_json(path: str, data: dict) -> None:
     tmp = path + ".part"
-    with open(tmp, "w") as fh:
+    with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
 
@@ -117,7 +117,7 @@ def status(job: str, wait_s: float) -> dict:
         if time.monotonic() >= deadline:
             return {"job": job, "finished": False}
         time.sleep(0.05)
-    with open(result_path) as fh:
+    with open(result_path, encoding="utf-8") as fh:
         out = dict(json.load(fh), job=job, finished=True)
     for name in ("stdout", "stderr"):
         with open(os.path.join(job, name), "rb") as fh:
