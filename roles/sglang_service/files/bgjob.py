@@ -56,8 +56,8 @@ def supervise(job: str, limit_s: float, command: list[str]) -> int:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         except OSError as exc:
             err.write(f"bgjob: cannot start {command[0]}: {exc}\n".encode())
-            write_json(os.path.join(job, RESULT), {"rc": 127, "killed": False, "started_at": started_at,
-                                                  "finished_at": now_iso()})
+            failed = {"rc": 127, "killed": False, "started_at": started_at, "finished_at": now_iso()}
+            write_json(os.path.join(job, RESULT), failed)
             return 0
         try:
             rc = proc.wait(timeout=limit_s)
@@ -74,8 +74,8 @@ def supervise(job: str, limit_s: float, command: list[str]) -> int:
                 except subprocess.TimeoutExpired:
                     continue
             rc = proc.wait()
-    write_json(os.path.join(job, RESULT), {"rc": rc, "killed": killed, "limit_s": limit_s,
-                                          "started_at": started_at, "finished_at": now_iso()})
+    result = {"rc": rc, "killed": killed, "limit_s": limit_s, "started_at": started_at, "finished_at": now_iso()}
+    write_json(os.path.join(job, RESULT), result)
     return 0
 
 
