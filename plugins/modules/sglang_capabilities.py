@@ -119,6 +119,19 @@ options:
             C(load_plugins) and the checks see the plugin the pivot would install (nothing is installed). The unit's
             user must be able to read it.
         type: path
+      wheel_base64:
+        description:
+          - The plugin wheel's bytes, base64-encoded, instead of O(plugin_checks.wheel) (a wheel on the controller
+            then needs no copy task and no temporary directory task of its own). The module writes it as
+            O(plugin_checks.wheel_name) into a new temporary directory C(specdec-pivot-preflight.*) (mode 0755, the
+            file 0644, so the unit's user can read it), uses it as O(plugin_checks.wheel), and removes the directory
+            before it returns, whatever happened.
+        type: str
+      wheel_name:
+        description:
+          - The file name of the wheel given by O(plugin_checks.wheel_base64) (a wheel file name, C(*.whl), as pip
+            and C(importlib.metadata) read the distribution's name and version from it).
+        type: str
       drafter:
         description:
           - Run the plugin's drafter check (C(python -m sglang_ddtree check-drafter PATH --consumer sglang)) on this
@@ -539,12 +552,16 @@ exec_start_new:
       type: bool
 """
 
+import base64
+import binascii
 import grp
 import json
 import os
 import pwd
 import re
 import shlex
+import shutil
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.specdec.pivot.plugins.module_utils import (
@@ -572,8 +589,12 @@ ARGUMENT_SPEC = dict(
     extra_args=dict(type="list", elements="str", default=[]),
     plugin_checks=dict(
         type="dict",
+        mutually_exclusive=[("wheel", "wheel_base64")],
+        required_together=[("wheel_base64", "wheel_name")],
         options=dict(
             wheel=dict(type="path"),
+            wheel_base64=dict(type="str", no_log=True),
+            wheel_name=dict(type="str"),
             drafter=dict(type="path"),
             check_sglang=dict(type="bool", default=False),
             server_args=dict(type="bool", default=False),
@@ -581,6 +602,9 @@ ARGUMENT_SPEC = dict(
         ),
     ),
 )
+
+#: A wheel file name: name-version(-build)?-python-abi-platform.whl, one path component.
+WHEEL_NAME_RE = re.compile(r"^[A-Za-z0-9_.+]+(?:-[A-Za-z0-9_.+!]+){4,5}\.whl$")
 
 #: Why a new command line is not checked with SGLang's parser (systemd expands $VAR and %-specifiers at start).
 UNCHECKED_EXPANSION = "not checked (the command line uses $VAR or %, which systemd expands at start)"
@@ -857,13 +881,20 @@ def main() -> None:
 
         request, unchecked = plugin_request(p, result, secrets)
         command = [*prefix, python, "-c", PROBE_SOURCE] + (["--request-stdin"] if request else [])
-        rc, out, err = module.run_command(
-            command,
-            environ_update=env,
-            cwd=cwd,
-            expand_user_and_vars=False,
-            data=json.dumps(request) if request else None,
-        )
+        wheel_dir = None
+        try:
+            if (p["plugin_checks"] or {}).get("wheel_base64"):
+                wheel_dir, request["wheel"] = write_wheel(p["plugin_checks"])
+            rc, out, err = module.run_command(
+                command,
+                environ_update=env,
+                cwd=cwd,
+                expand_user_and_vars=False,
+                data=json.dumps(request) if request else None,
+            )
+        finally:
+            if wheel_dir:
+                shutil.rmtree(wheel_dir, ignore_errors=True)
         probe = parse_probe_output(out)
         if probe is None:
             if rc == 124:
@@ -922,6 +953,31 @@ def main() -> None:
         result["msg"] = str(exc)
         module.fail_json(**masked_result(module, result, secrets))
     module.exit_json(**masked_result(module, result, secrets))
+
+
+def write_wheel(checks: dict) -> tuple[str, str]:
+    """O(plugin_checks.wheel_base64) written as O(plugin_checks.wheel_name) into a new temporary directory that the
+    unit's user can read; (the directory, the wheel's path). The caller removes the directory."""
+    name = checks["wheel_name"] or ""
+    if not WHEEL_NAME_RE.match(name):
+        raise ProbeError(
+            f"plugin_checks.wheel_name={name[:80]!r} is not a wheel file name (name-version-python-abi-platform.whl)"
+        )
+    try:
+        data = base64.b64decode(checks["wheel_base64"], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProbeError(f"plugin_checks.wheel_base64 is not base64 ({exc}); encode the wheel's bytes") from exc
+    directory = tempfile.mkdtemp(prefix="specdec-pivot-preflight.")
+    try:
+        os.chmod(directory, 0o755)
+        path = os.path.join(directory, name)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        os.chmod(path, 0o644)
+    except OSError as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise ProbeError(f"could not write the plugin wheel to {directory}: {exc}") from exc
+    return directory, path
 
 
 def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | None]:

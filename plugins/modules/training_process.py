@@ -206,6 +206,13 @@ options:
       - Seconds to wait for the GPUs to release the halted pids (O(wait_gpu_release)).
     type: float
     default: 60.0
+  settle:
+    description:
+      - With O(state=absent), after a halt that signalled the run (and the GPU-release wait), wait this many
+        seconds and look again with the same match. Whatever matches then came back (a supervisor restarts the
+        run) and is returned as RV(came_back), not signalled. V(0) does not look again.
+    type: float
+    default: 0.0
   nvidia_smi:
     description:
       - Path or name (looked up in E(PATH)) of the C(nvidia-smi) executable used when NVML is not available.
@@ -518,6 +525,14 @@ checkpoint:
   sample: {dir: /data/runs/dflash/checkpoints, path: /data/runs/dflash/checkpoints/checkpoint-5000,
            name: checkpoint-5000, step: 5000, mtime: 1764669000.0, mtime_iso: "2025-12-02T10:30:00+00:00",
            age_s: 1100.5, count: 5}
+came_back:
+  description:
+    - With O(settle) and a halt that signalled the run, what matched again O(settle) seconds after it (pids and
+      processes, as RV(pids) and RV(processes)). Any pid there means something restarts the run. Null when
+      nobody looked.
+  returned: always
+  type: dict
+  sample: {settle_s: 2.0, pids: [], processes: []}
 gpu:
   description: The GPU-release check.
   returned: always
@@ -590,6 +605,7 @@ ARGUMENT_SPEC = dict(
     nvidia_smi=dict(type="str", default="nvidia-smi"),
     gpu_backend=dict(type="str", choices=list(BACKENDS), default="auto"),
     gpu_query_timeout=dict(type="float", default=15.0),
+    settle=dict(type="float", default=0.0),
 )
 
 
@@ -620,7 +636,7 @@ def compile_option(module: AnsibleModule, option: str, min_groups: int = 0):
 
 
 #: The options that are numbers of seconds (or a time stamp): each must be a finite number.
-TIME_OPTIONS = ("timeout", "kill_after", "gpu_release_timeout", "gpu_query_timeout", "pid_create_time")
+TIME_OPTIONS = ("timeout", "kill_after", "gpu_release_timeout", "gpu_query_timeout", "pid_create_time", "settle")
 
 
 def validate(module: AnsibleModule) -> None:
@@ -657,6 +673,8 @@ def validate(module: AnsibleModule) -> None:
         module.fail_json(
             msg=f"gpu_release_timeout={params['gpu_release_timeout']} must be > 0 seconds; the default is 60."
         )
+    if params["settle"] < 0:
+        module.fail_json(msg=f"settle={params['settle']} must be >= 0 seconds; the default is 0 (no second look).")
     if params["gpu_query_timeout"] <= 0:
         module.fail_json(msg=f"gpu_query_timeout={params['gpu_query_timeout']} must be > 0 seconds; the default is 15.")
     if params["script"] is not None and not params["script"].strip():
@@ -827,6 +845,16 @@ def summary(state: str, check_mode: bool, tree: _procs.Tree, signame: str, halt,
     if halt.survivors:
         return f"{len(halt.survivors)} of {count} processes survived {how} after {halt.elapsed_s}s"
     return f"halted {count} processes (pids {pids}) {how} in {halt.elapsed_s}s"
+
+
+def look_again(module: AnsibleModule, pattern, launcher_re, settle: float) -> dict:
+    """After ``settle`` seconds, what the same match selects (a run that came back: something restarts it)."""
+    time.sleep(settle)
+    table = _procs.snapshot()
+    protected = _procs.protected_pids(table, os.getpid())
+    tree = _procs.build_tree(table, select(module, table, protected, pattern, {}), protected, launcher_re=launcher_re,
+                             user=module.params["user"])
+    return {"settle_s": settle, "pids": tree.pids, "processes": tree.processes()}
 
 
 def main() -> None:
@@ -1003,6 +1031,9 @@ def main() -> None:
     elif params["wait_gpu_release"]:
         gpu["skipped_reason"] = "nothing was halted" if params["state"] == "absent" else "state=present"
     result["gpu"] = gpu
+    result["came_back"] = None
+    if halt is not None and failure is None and params["settle"] > 0:
+        result["came_back"] = look_again(module, pattern, launcher_re, params["settle"])
     # Whether this process may signal every member (kill(pid, 0); no signal is sent): preflight proves the halt
     # can be done before anything changes anywhere.
     result["signal_denied"] = (

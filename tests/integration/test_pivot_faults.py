@@ -385,8 +385,9 @@ def assert_report_figures_agree(run: lk.Run, report: dict) -> None:
 # ------------------------------------------------------------------------------------------------ interrupted runs
 def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
     # Ctrl-C right after the new unit file is installed: the file says DDTREE, NEXTN still runs. The run is stopped
-    # while Ansible waits (--step) to start the reload: the install has ended, the reload and restart never began.
-    first = pivot(tmp_path, interrupt_before="specdec.pivot.sglang_service : Reload systemd's view of the unit")
+    # while Ansible waits (--step) to note the stop time before the health wait's job (which reloads systemd and
+    # restarts the unit): the install has ended, the reload and restart never began.
+    first = pivot(tmp_path, interrupt_before="specdec.pivot.sglang_service : Note when the old server is stopped")
     assert first.rc != 0
     assert "--speculative-algorithm DDTREE" in lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
     assert lk.server_info()["speculative_algorithm"] == "NEXTN"
@@ -397,7 +398,9 @@ def test_interrupted_after_the_unit_changed_converges(lab, tmp_path) -> None:
     if "records" in SEEN:
         assert records == SEEN["records"]
 
-    again = pivot(tmp_path)
+    # sglang_service_bg_wait_s=0: the background waits are polled from their start (a start that ends within the
+    # default 10 s needs no poll), so their progress lines can be checked against the tasks' names below.
+    again = pivot(tmp_path, "-e", "sglang_service_bg_wait_s=0")
     assert again.rc == 0, again.tail()
     report = again.report()
     plan = report["inference"][0]["plan"]
@@ -456,8 +459,10 @@ def test_interrupted_while_the_new_server_starts_converges(lab, tmp_path) -> Non
     lk.sh(lk.INFERENCE, f"{lk.VENV_PY} -m pip install -q --no-deps --no-index {lk.STATE_DIR}/wheels/{old.name}")
     assert lk.plugin_version() == "0.0.9"
 
-    # The session is lost (SIGKILL) while the new server starts.
-    first = pivot(tmp_path, interrupt_on="TASK [specdec.pivot.sglang_service : Wait for /health on the host",
+    # The session is lost (SIGKILL) while the new server starts: at the first poll of the health wait, whose
+    # background job restarted the unit first (it goes on, detached; -e sglang_service_bg_wait_s=0: polled at once).
+    first = pivot(tmp_path, "-e", "sglang_service_bg_wait_s=0",
+                  interrupt_on="waiting [pro6000]: Restart sglang.service (at most 300 s), then wait for /health",
                   interrupt_signal=signal.SIGKILL)
     assert first.rc != 0
     lk.wait_for(lk.healthy, 360, "the new server comes up by itself")  # SGLang's import: up to ~105 s on a loaded CI

@@ -8,6 +8,7 @@ YAML (defaults, vars, the includes' vars) for the defaults and for other values,
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def test_training_halt_wait(overrides):
     limit = named_limit(render(poll["name"], v))
     assert int(render(poll["retries"], v)) * int(render(poll["delay"], v)) == limit
     assert int(render(start["async"], v)) == limit
-    raw = int(v["training_halt_timeout"]) + (60 if str(v["training_halt_wait_gpu_release"]) == "True" else 0) + 30
+    raw = (int(v["training_halt_timeout"]) + (60 if str(v["training_halt_wait_gpu_release"]) == "True" else 0)
+           + float(v["training_halt_settle_s"]) + 30)  # the halt, the GPUs' release, the second look, 30 s to spare
     assert raw <= limit < raw + int(v["training_halt_poll_s"])  # the halt's own budget, rounded up to whole polls
 
 
@@ -100,19 +102,28 @@ def caller_vars(file: str, script: str) -> dict:
      ("prepare.yml", "generation_probe.py", {"sglang_service_baseline_timeout": 45})],
     ids=["health", "health-lab", "health-odd", "restored-health", "probe", "baseline"],
 )
-def test_background_waits(file, script, overrides):
+@pytest.mark.parametrize("restarts", [False, True], ids=["wait", "restart-then-wait"])
+def test_background_waits(file, script, overrides, restarts):
     role = ROLES / "sglang_service"
     base = {**load(role / "defaults/main.yml"), **overrides}
     base["sglang_service_wait_timeout"] = base["sglang_service_health_timeout"]  # switch.yml passes it
     base["pivot_state_dir"] = "/var/lib/specdec-pivot"
     include = caller_vars(file, script)
-    wanted_vars = ("sglang_service_bg_limit_s", "sglang_service_bg_what")
+    base["sglang_service_wait_restarts"] = restarts  # switch.yml: the job reloads and restarts the unit first
+    wanted_vars = ("sglang_service_bg_limit_s", "sglang_service_bg_what", "restarts")
     v = resolve({**base, **load(role / "vars/main.yml"), **{k: val for k, val in include.items() if k in wanted_vars}})
     tasks = load(role / "tasks/background.yml")
-    start, poll = task(tasks, "Start it in the background"), task(tasks, "sglang_service_bg_what")
+    start = next(t for t in tasks if "bgjob.py', 'start'" in str(t.get("ansible.builtin.command", {}).get("argv")))
+    poll = next(t for t in tasks if "until" in t)
     name = render(poll["name"], v)
     limit = named_limit(name)
     assert int(render(poll["retries"], v)) * int(render(poll["delay"], v)) == limit, name
-    assert int(render(start["async"], v)) == limit, name
+    assert named_limit(render(start["name"], v)) == limit  # the starting command's name states it too
+    # the job's own limit: bgjob.py start JOBS_DIR LIMIT_S WAIT_S -- ... (it ends the job then)
+    argv = ast.literal_eval(render(start["ansible.builtin.command"]["argv"], {
+        **v, "sglang_service_bg_python": "/usr/bin/python3", "sglang_service_bg_script": script,
+        "sglang_service_bg_args": ["ARG"]}))
+    assert argv[2:7] == ["start", "/var/lib/specdec-pivot/jobs", str(limit), str(v["sglang_service_bg_wait_s"]), "--"]
+    assert argv[7:] == ["/usr/bin/python3", f"/var/lib/specdec-pivot/bin/{script}", "ARG"]
     wanted = float(v["sglang_service_bg_limit_s"])
     assert wanted <= limit < wanted + int(v["sglang_service_poll_s"]), name

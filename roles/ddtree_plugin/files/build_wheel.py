@@ -1,16 +1,24 @@
 """Build the sglang-ddtree wheel on the controller, reproducibly, without touching the source tree.
 
-Usage: build_wheel.py SOURCE_DIR OUT_DIR      (build)
-       build_wheel.py --describe WHEEL          (describe a prebuilt wheel)
+Usage: build_wheel.py [--base64] SOURCE_DIR OUT_DIR      (build)
+       build_wheel.py [--base64] --describe WHEEL          (describe a prebuilt wheel)
 Copies SOURCE_DIR (without build/, dist/, *.egg-info, caches) to a temporary directory, builds a wheel there with
 `python -m pip wheel --no-deps --no-build-isolation` (no network needed: the controller's setuptools is used) and
 SOURCE_DATE_EPOCH fixed, so the same sources give the same bytes (the copy to the hosts is then idempotent).
-Prints one JSON line: {"wheel": path in OUT_DIR, "name", "version", "sha256", "sha1", "changed"}.
+Prints one JSON line: {"wheel": path in OUT_DIR, "name", "version", "sha256", "sha1", "changed", "reused"}, and with
+--base64 the wheel's bytes as "base64" (the preflight probe takes them as they are, no copy task).
+
+The build is skipped when OUT_DIR holds the wheel this script built from the same sources (every file it would
+copy: path, executable bit, bytes) with the same interpreter and SOURCE_DATE_EPOCH, and that wheel still has the
+sha256 it had then (OUT_DIR/.build-cache.json): "reused" is then true. The bytes are those a build would give.
 """
 
 from __future__ import annotations
 
+import base64
+import fnmatch
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -19,32 +27,86 @@ import sys
 import tempfile
 from pathlib import Path
 
-IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", "tests")
+IGNORED = ("build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", "tests")
+IGNORE = shutil.ignore_patterns(*IGNORED)
+CACHE = ".build-cache.json"
 
 
-def describe(wheel: Path, changed: bool) -> dict[str, object]:
+def describe(wheel: Path, changed: bool, with_base64: bool = False, reused: bool = False) -> dict[str, object]:
     data = wheel.read_bytes()
     name, version = wheel.name.split("-")[:2]
-    return {
+    out: dict[str, object] = {
         "wheel": str(wheel),
         "name": name.replace("_", "-"),
         "version": version,
         "sha256": hashlib.sha256(data).hexdigest(),
         "sha1": hashlib.sha1(data).hexdigest(),
         "changed": changed,
+        "reused": reused,
     }
+    if with_base64:
+        out["base64"] = base64.b64encode(data).decode("ascii")
+    return out
+
+
+def sources_key(source: Path, epoch: str) -> str:
+    """The sha256 of what a build reads: every file copytree(IGNORE) would copy (relative path, executable bit,
+    bytes), the interpreter that builds, its pip and setuptools, and SOURCE_DATE_EPOCH."""
+    tools = []
+    for dist in ("pip", "setuptools", "wheel"):
+        try:
+            tools.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            tools.append(f"{dist}=none")
+    h = hashlib.sha256(f"v1\0{sys.executable}\0{sys.version}\0{' '.join(tools)}\0{epoch}\0".encode())
+    for root, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if not any(fnmatch.fnmatch(d, pat) for pat in IGNORED))
+        for name in sorted(files):
+            if any(fnmatch.fnmatch(name, pat) for pat in IGNORED):
+                continue
+            path = Path(root) / name
+            rel = path.relative_to(source).as_posix()
+            h.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def cached(out: Path, key: str) -> Path | None:
+    """The wheel built earlier from the same sources, if it is still there with the same bytes."""
+    try:
+        entry = json.loads((out / CACHE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != key or "/" in str(entry.get("wheel", "/")):
+        return None
+    wheel = out / entry["wheel"]
+    try:
+        return wheel if hashlib.sha256(wheel.read_bytes()).hexdigest() == entry.get("sha256") else None
+    except OSError:
+        return None
+
+
+def remember(out: Path, key: str, wheel: Path) -> None:
+    part = out / f".{CACHE}.{os.getpid()}.part"
+    part.write_text(json.dumps({"key": key, "wheel": wheel.name,
+                                "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}))
+    os.replace(part, out / CACHE)
 
 
 def main(argv: list[str]) -> int:
+    with_base64 = len(argv) > 1 and argv[1] == "--base64"
+    if with_base64:
+        argv = argv[:1] + argv[2:]
     if len(argv) == 3 and argv[1] == "--describe":
         wheel = Path(argv[2]).resolve()
         if not wheel.is_file() or wheel.suffix != ".whl" or wheel.name.count("-") < 4:
             print(f"{wheel} is not a wheel file (name-version-python-abi-platform.whl)", file=sys.stderr)
             return 2
-        print(json.dumps(describe(wheel, False)))
+        print(json.dumps(describe(wheel, False, with_base64)))
         return 0
     if len(argv) != 3:
-        print("usage: build_wheel.py SOURCE_DIR OUT_DIR | build_wheel.py --describe WHEEL", file=sys.stderr)
+        print("usage: build_wheel.py [--base64] SOURCE_DIR OUT_DIR | build_wheel.py [--base64] --describe WHEEL",
+              file=sys.stderr)
         return 2
     source, out = Path(argv[1]).resolve(), Path(argv[2]).resolve()
     if not (source / "pyproject.toml").is_file():
@@ -54,9 +116,15 @@ def main(argv: list[str]) -> int:
         )
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "1700000000")
+    key = sources_key(source, epoch)
+    reuse = cached(out, key)
+    if reuse is not None:
+        print(json.dumps(describe(reuse, False, with_base64, reused=True)))
+        return 0
     env = dict(
         os.environ,
-        SOURCE_DATE_EPOCH=os.environ.get("SOURCE_DATE_EPOCH", "1700000000"),
+        SOURCE_DATE_EPOCH=epoch,
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         PYTHONDONTWRITEBYTECODE="1",
     )
@@ -96,7 +164,8 @@ def main(argv: list[str]) -> int:
             changed = True
         else:
             changed = False
-    print(json.dumps(describe(dest, changed)))
+    remember(out, key, dest)
+    print(json.dumps(describe(dest, changed, with_base64)))
     return 0
 
 

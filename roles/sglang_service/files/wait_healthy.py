@@ -1,6 +1,13 @@
 """Wait on the host until an SGLang server answers /health 200, or fail fast when its systemd unit dies.
 
-Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S]
+Usage: wait_healthy.py URL UNIT TIMEOUT_S [INTERVAL_S] [--restart RESTART_TIMEOUT_S]
+
+With --restart it first reloads systemd and restarts the unit itself (``systemctl daemon-reload``, ``systemctl
+restart UNIT``, together within RESTART_TIMEOUT_S: the old server's stop, up to the unit's TimeoutStopSec, and the
+new one's exec; TIMEOUT_S counts from when the restart returned), so the caller has nothing left to do between the
+old server's stop and the new server's first 200 (the pivot's controller then only waits: its own work no longer
+competes with the new server's start for the host's CPUs). A reload or restart that fails is the reason
+(``restart``: the command, its exit status, its stderr, how long it took).
 
 Polls URL every INTERVAL_S (default 0.25) seconds and, between polls, the unit's systemd state. Stops early with
 a reason when the unit is failed, exited, or systemd restarted it (NRestarts grew: the server crashed at start),
@@ -167,16 +174,40 @@ def dead_reason(state: dict[str, str], baseline_restarts: int) -> str:
     return ""
 
 
+def restart(unit: str, timeout: float) -> dict:
+    """``systemctl daemon-reload`` (systemd reads the unit file the switch just wrote), then ``systemctl restart
+    UNIT``: the command that failed (or the restart), its exit status, stderr and how long both took."""
+    t0 = time.monotonic()
+    for command in (["systemctl", "daemon-reload"], ["systemctl", "restart", unit]):
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  timeout=max(timeout - (time.monotonic() - t0), 1.0))
+            rc, err = proc.returncode, proc.stderr.strip()
+        except subprocess.TimeoutExpired:
+            rc, err = None, f"did not return within {timeout:g} s"
+        if rc != 0:
+            break
+    return {"command": " ".join(command), "rc": rc, "stderr": err[-500:], "s": round(time.monotonic() - t0, 3)}
+
+
 def main(argv: list[str]) -> int:
+    restart_timeout = None
+    if "--restart" in argv:
+        at = argv.index("--restart")
+        restart_timeout = float(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     url, unit, timeout = argv[1], argv[2], float(argv[3])
     interval = float(argv[4]) if len(argv) > 4 else 0.25
-    start = time.monotonic()
     iso = wall_clock(time.time() - time.monotonic())
+    restarted = restart(unit, restart_timeout) if restart_timeout is not None else None
+    start = time.monotonic()  # the deadline counts from here: after the restart returned
     baseline = unit_state(unit)
     baseline_restarts = int(baseline.get("NRestarts", "0") or 0)
     polls, status, reason, detail = 0, -1, "", ""
     state = baseline
-    while True:
+    if restarted is not None and restarted["rc"] != 0:
+        reason = f"{restarted['command']} failed (exit status {restarted['rc']}): {restarted['stderr']}"
+    while not reason:
         polls += 1
         status, detail = health(url, timeout=min(5.0, max(interval * 4, 1.0)))
         now = time.monotonic()
@@ -215,6 +246,7 @@ def main(argv: list[str]) -> int:
         "state": state,
         "journal": [],
         "ddtree_log": None,
+        "restart": restarted,
     }
     if status == 200:
         result["ddtree_log"] = ddtree_log(this_start_journal(unit, state.get("InvocationID", "")))

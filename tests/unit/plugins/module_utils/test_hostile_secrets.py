@@ -260,10 +260,12 @@ PREFLIGHT = ROOT / "roles" / "sglang_preflight" / "tasks"
     ("path", "task"),
     [
         (PREFLIGHT / "unit.yml", "Read the unit's state from systemd"),
-        (PREFLIGHT / "capabilities.yml", "Read the unit file"),
-        (PREFLIGHT / "capabilities.yml", "Read the unit's drop-ins"),
-        (PREFLIGHT / "capabilities.yml", "Parse the unit file"),
-        (PREFLIGHT / "capabilities.yml", "Read the running server's command line"),
+        (PREFLIGHT / "unit.yml",
+         "Read the unit file, its metadata, the server's command line and processes, and the pivot's records"),
+        (PREFLIGHT / "capabilities.yml",
+         "Parse the unit file and its drop-ins (read by unit.yml's one read_files run)"),
+        (PREFLIGHT / "records.yml", "Parse the records of units saved by earlier pivot runs "
+                                    "(the unit as it was before each switch; oldest first)"),
         (PREFLIGHT / "capabilities.yml", "Note the running server's command line (never shown; compared with the plan's)"),  # noqa: E501
         (PREFLIGHT / "secrets.yml", "Note the unit's secrets (API keys, tokens; masked wherever shown)"),
         (PREFLIGHT / "secrets.yml", "Read the unit's EnvironmentFile= files (their values are never shown)"),

@@ -13,6 +13,7 @@ units' ExecStart name the project's venvs, so the probe still runs the real inte
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -544,6 +545,37 @@ def test_plugin_checks_in_the_probe_say_what_the_plugins_cli_says(tmp_path, whee
     # what is installed is read before the wheel goes on the path; the registration is the wheel's
     assert r["ddtree"]["registered"] is True
     assert r["ddtree"]["reason"].startswith("DDTREE registers with the plugin wheel")
+
+
+def test_the_wheels_bytes_in_the_arguments_are_checked_as_the_wheel_and_left_nowhere(tmp_path, wheel):
+    """plugin_checks.wheel_base64 (what preflight passes: no copy task): the module writes the bytes to a temporary
+    directory of its own (specdec-pivot-preflight.*), checks them as plugin_checks.wheel would, and removes it."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    checks = {"wheel_base64": base64.b64encode(wheel.read_bytes()).decode(), "wheel_name": wheel.name,
+              "check_sglang": True}
+    env_before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmpdir)
+    try:
+        r = run_module(tmp_path, {"python": str(PY_023), "help": False, "plugin_checks": checks})
+    finally:
+        if env_before is None:
+            os.environ.pop("TMPDIR")
+        else:
+            os.environ["TMPDIR"] = env_before
+    assert not r.get("failed"), r["msg"]
+    seen = r["plugin_checks"]["wheel"]
+    assert Path(seen["path"]).name == wheel.name and Path(seen["path"]).parent.name.startswith(
+        "specdec-pivot-preflight.") and Path(seen["path"]).parent.parent == tmpdir, seen
+    assert json.loads(r["plugin_checks"]["sglang"]["stdout"])["implementation"] == "plugin"
+    assert list(tmpdir.iterdir()) == [], "the temporary copy is removed before the module returns"
+    assert checks["wheel_base64"][:64] not in json.dumps(r), "the bytes are not echoed back"
+    bad = run_module(tmp_path / "bad", {"python": str(PY_023), "help": False,
+                                        "plugin_checks": {"wheel_base64": "not base64!", "wheel_name": wheel.name}})
+    assert bad["failed"] and "is not base64" in bad["msg"]
+    name = run_module(tmp_path / "name", {"python": str(PY_023), "help": False,
+                                          "plugin_checks": {"wheel_base64": "AAAA", "wheel_name": "../x.whl"}})
+    assert name["failed"] and "is not a wheel file name" in name["msg"]
 
 
 def test_plugin_checks_server_args_with_the_wheel_visible(tmp_path, wheel):

@@ -17,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -241,6 +243,42 @@ def test_halt_escalates_records_signals_reports_checkpoint_and_is_idempotent(fak
     assert "already stopped" in again["msg"]
     assert again["checkpoint"]["name"] == f"checkpoint-{step}"  # still reported when nothing runs
     assert again["log"]["last_step"] == result["log"]["last_step"]
+
+
+def test_settle_looks_again_and_reports_a_run_that_came_back(fake_run, tmp_path):
+    # settle: after the halt, the module waits and looks again with the same match (what the role's second look
+    # did as two more tasks): nothing back here, then a run restarted meanwhile (a supervisor) is reported, not
+    # signalled.
+    run = fake_run(nproc=2)
+    quiet = run_module({"pattern": run.token, "state": "absent", "timeout": 30, "kill_after": 5, "settle": 0.3})
+    assert quiet.get("failed") is not True, quiet["msg"]
+    assert run.running() == [] and quiet["came_back"] == {"settle_s": 0.3, "pids": [], "processes": []}
+
+    first = fake_run(nproc=2)
+    restarted: list = []
+
+    def supervisor() -> None:  # starts the same run again once the first is gone
+        deadline = time.monotonic() + 30
+        while first.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        restarted.append(FTR.start(tmp_path / "again", first.token, nproc=2))
+
+    thread = threading.Thread(target=supervisor)
+    thread.start()
+    try:
+        back = run_module({"pattern": first.token, "state": "absent", "timeout": 30, "kill_after": 5, "settle": 3})
+        thread.join()
+        assert back.get("failed") is not True, back["msg"]
+        assert sorted(back["came_back"]["pids"]) == sorted(restarted[0].pids), (back["came_back"], restarted)
+        assert all(still_ours(pid, first.token) for pid in restarted[0].pids), "came_back is reported, not halted"
+        assert back["pids"] == first.pids and back["changed"] is True
+    finally:
+        thread.join()
+        for again in restarted:
+            again.cleanup()
+    # nothing halted: no second look
+    none = run_module({"pattern": f"{first.token}-nothing", "state": "absent", "settle": 5})
+    assert none["came_back"] is None and none["changed"] is False
 
 
 def test_check_mode_signals_nothing(fake_run):
