@@ -561,7 +561,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    # serve_forever checks for shutdown() every poll_interval (0.5 s by default): a stop waited up to that long
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="http",
+                              daemon=True)
     thread.start()
     logger.info("Uvicorn-equivalent HTTP server listening on http://%s:%d (503 until the model is loaded)",
                 args.host, args.port)

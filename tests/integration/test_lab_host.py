@@ -199,7 +199,7 @@ def stop_server(proc: subprocess.Popen) -> str:
 
 
 @pytest.fixture(scope="module")
-def host_servers(tiny_models: Path) -> Iterator[dict[str, str]]:
+def host_server_procs(tiny_models: Path) -> Iterator[dict[str, tuple[subprocess.Popen, str]]]:
     """The stand-in twice on this host: NEXTN flags (target-only decoding) and DDTREE (reference engine)."""
     nextn, nextn_url = start_server(
         tiny_models,
@@ -224,10 +224,16 @@ def host_servers(tiny_models: Path) -> Iterator[dict[str, str]]:
     try:
         wait_http(nextn_url + "/health", 360, nextn)
         wait_http(ddtree_url + "/health", 360, ddtree)
-        yield {"NEXTN": nextn_url, "DDTREE": ddtree_url}
+        yield {"NEXTN": (nextn, nextn_url), "DDTREE": (ddtree, ddtree_url)}
     finally:
         stop_server(nextn)
         stop_server(ddtree)
+
+
+@pytest.fixture(scope="module")
+def host_servers(host_server_procs) -> dict[str, str]:
+    """The two stand-ins' base URLs, by algorithm."""
+    return {name: url for name, (_proc, url) in host_server_procs.items()}
 
 
 @pytest.mark.parametrize(
@@ -351,3 +357,17 @@ def test_server_context_longer_than_the_model_fails_at_start(failed_starts) -> N
     assert returncode == 1
     assert "User-specified context_length (65536) is greater than the derived context_length (4096)" in out
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in out
+
+
+def test_server_stops_on_sigterm_with_exit_0_and_its_log_flushed(host_server_procs) -> None:
+    """The stand-in ends with ``os._exit`` after its HTTP server is shut down (lab/sglang_lab_server/__main__.py):
+    its exit status and its last log lines must survive that. The test stops the NEXTN server, so it runs after
+    the tests that use it (file order)."""
+    proc, url = host_server_procs["NEXTN"]
+    assert http(url + "/health", timeout=10)[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    out, _err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    tail = out.rstrip().splitlines()[-2:]
+    assert "received SIGTERM, shutting down" in tail[0], tail
+    assert tail[-1].endswith("server stopped"), tail
