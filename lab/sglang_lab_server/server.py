@@ -329,6 +329,13 @@ class LabServer(ThreadingHTTPServer):
         avg = self.engine.avg_accept_length()
         if avg is not None:
             state["avg_spec_accept_length"] = avg
+        if self.algorithm_name == "DDTREE":
+            # what sglang-ddtree adds there (DDTreeWorker.ddtree_budget_state): the stand-in's reference engine
+            # verifies one fixed budget every round, whatever SGLANG_DDTREE_BUDGET says
+            budget = str(ddtree_budget(self.args.speculative_num_draft_tokens))
+            rounds = self.engine.stats["verify_rounds"]
+            state["ddtree_budget"] = {"policy": "fixed", "candidates": [budget], "steps": rounds,
+                                      "budget_histogram": {budget: rounds}}
         return state
 
 

@@ -288,6 +288,8 @@ def test_server_ddtree_engine_is_lossless_and_reports_acceptance(host_servers) -
         "input_ids": [10, 200, 31, 47, 5],
         "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
     }
+    budget_before = json.loads(http(host_servers["DDTREE"] + "/get_server_info")[1])["internal_states"][0][
+        "ddtree_budget"]
     plain = json.loads(http(host_servers["NEXTN"] + "/generate", body)[1])
     tree = json.loads(http(host_servers["DDTREE"] + "/generate", body)[1])
     assert tree["output_ids"] == plain["output_ids"], "greedy DDTree must equal target-only greedy decoding"
@@ -308,6 +310,13 @@ def test_server_ddtree_engine_is_lossless_and_reports_acceptance(host_servers) -
     assert info["speculative_algorithm"] == "DDTREE" and info["lab_stand_in"] is True
     assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
     assert "DDTree reference engine" in info["lab_engine"] and "budget 8" in info["lab_engine"]
+    # sglang-ddtree's budget report (DDTreeWorker.ddtree_budget_state), as the generation probe reads it: this
+    # request's verify rounds, all at the stand-in's one budget
+    budget = info["internal_states"][0]["ddtree_budget"]
+    assert (budget["policy"], budget["candidates"]) == ("fixed", ["8"])
+    assert budget["budget_histogram"]["8"] - budget_before["budget_histogram"]["8"] == meta["spec_verify_ct"]
+    assert budget["steps"] == budget["budget_histogram"]["8"]
+    assert "ddtree_budget" not in json.loads(http(host_servers["NEXTN"] + "/get_server_info")[1])["internal_states"][0]
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,13 @@ SOURCE_DATE_EPOCH fixed, so the same sources give the same bytes (the copy to th
 Prints one JSON line: {"wheel": path in OUT_DIR, "name", "version", "sha256", "sha1", "changed", "reused"}, and with
 --base64 the wheel's bytes as "base64" (the preflight probe takes them as they are, no copy task).
 
-The build is skipped when OUT_DIR holds the wheel this script built from the same sources (every file it would
+Each version of the sources has its own directory, OUT_DIR/<first 16 hex digits of the sources' key>, holding its
+wheel and .build-cache.json: two checkouts that pivot at once from one controller (the cache is shared, and their
+wheels have the same file name) never replace each other's wheel between its build and its copy to the hosts. The
+build is skipped when that directory holds the wheel this script built from the same sources (every file it would
 copy: path, executable bit, bytes) with the same interpreter and SOURCE_DATE_EPOCH, and that wheel still has the
-sha256 it had then (OUT_DIR/.build-cache.json): "reused" is then true. The bytes are those a build would give.
+sha256 it had then: "reused" is then true. The bytes are those a build would give. The KEEP most recently used
+directories are kept, older ones removed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 IGNORED = ("build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", "tests")
 IGNORE = shutil.ignore_patterns(*IGNORED)
 CACHE = ".build-cache.json"
+KEEP = 8  # versions of the sources whose wheels OUT_DIR keeps (the most recently built or reused)
 
 
 def describe(wheel: Path, changed: bool, with_base64: bool = False, reused: bool = False) -> dict[str, object]:
@@ -93,6 +98,15 @@ def remember(out: Path, key: str, wheel: Path) -> None:
     os.replace(part, out / CACHE)
 
 
+def prune(out: Path, keep: int, current: Path) -> None:
+    """Remove all but the ``keep`` most recently used version directories of OUT_DIR (never ``current``)."""
+    slots = [d for d in out.iterdir() if d.is_dir() and len(d.name) == 16
+             and all(c in "0123456789abcdef" for c in d.name) and d != current]
+    slots.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in slots[max(0, keep - 1):]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     with_base64 = len(argv) > 1 and argv[1] == "--base64"
     if with_base64:
@@ -118,10 +132,13 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "1700000000")
     key = sources_key(source, epoch)
-    reuse = cached(out, key)
+    slot = out / key[:16]
+    reuse = cached(slot, key)
     if reuse is not None:
+        os.utime(slot)  # recently used: kept by prune()
         print(json.dumps(describe(reuse, False, with_base64, reused=True)))
         return 0
+    slot.mkdir(exist_ok=True)
     env = dict(
         os.environ,
         SOURCE_DATE_EPOCH=epoch,
@@ -154,17 +171,18 @@ def main(argv: list[str]) -> int:
             return 1
         wheel = built[0]
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        dest = out / wheel.name
+        dest = slot / wheel.name
         if not dest.exists() or hashlib.sha256(dest.read_bytes()).hexdigest() != digest:
-            # atomically: a pivot running at the same time on this controller (the cache is shared) never reads a
+            # atomically: a pivot of the same sources running at the same time on this controller never reads a
             # half-written wheel; the same sources give the same bytes, so either writer's file is the right one
-            part = out / f".{wheel.name}.{os.getpid()}.part"
+            part = slot / f".{wheel.name}.{os.getpid()}.part"
             shutil.copyfile(wheel, part)
             os.replace(part, dest)
             changed = True
         else:
             changed = False
-    remember(out, key, dest)
+    remember(slot, key, dest)
+    prune(out, KEEP, slot)
     print(json.dumps(describe(dest, changed, with_base64)))
     return 0
 

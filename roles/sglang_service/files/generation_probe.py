@@ -14,8 +14,10 @@ after another; ``wall_s`` is measured here (CLOCK_MONOTONIC) around each request
 Prints one JSON object: ok, error, url, started_at, finished_at, max_new_tokens, warmup, repeats, results
 (per prompt: prompt, text, output_ids, completion_tokens, wall_s, e2e_latency, spec_accept_length,
 spec_accept_rate, spec_verify_ct, finish_reason), completion_tokens, wall_s, tokens_per_s (completion tokens / wall
-time over every measured request), server (speculative_algorithm, avg_spec_accept_length, version, from
-/get_server_info when it answers). Exit 0 either way; the caller decides.
+time over every measured request), server (speculative_algorithm, avg_spec_accept_length, version, ddtree_budget,
+from /get_server_info when it answers), budget (DDTREE's node budget per tree round during the measured requests:
+policy, candidates, steps, histogram; from the ``ddtree_budget`` that sglang-ddtree adds to /get_server_info, read
+before and after them; null when the server reports none). Exit 0 either way; the caller decides.
 
 A server started with ``--api-key``/``--admin-api-key``: the keys come from the JSON file (mode 0600, written by
 the role just before) that the environment variable ``SPECDEC_PIVOT_AUTH_FILE`` names: ``api_key`` (sent with
@@ -85,9 +87,25 @@ def server_info(base: str, timeout: float) -> dict:
             "version": info.get("version"),
             "stand_in": str(info.get("stand_in") or "lab_stand_in: true") if stand_in else None,
             "engine": str(info.get("lab_engine")) if stand_in and info.get("lab_engine") else None,
+            "ddtree_budget": state.get("ddtree_budget") if isinstance(state.get("ddtree_budget"), dict) else None,
         }
     return {"speculative_algorithm": None, "avg_spec_accept_length": None, "version": None, "stand_in": None,
-            "engine": None}
+            "engine": None, "ddtree_budget": None}
+
+
+def budget_between(before: dict | None, after: dict | None) -> dict | None:
+    """DDTREE's budget choices between two of the server's ``ddtree_budget`` reports (sglang-ddtree's counters
+    since the server started: ``policy``, ``candidates``, ``budget_histogram`` of tree rounds per budget): the
+    rounds in between per budget. None when ``after`` is not such a report; without ``before``, the counts since
+    the server's start (``since`` says which)."""
+    if not isinstance(after, dict) or not isinstance(after.get("budget_histogram"), dict):
+        return None
+    first = before.get("budget_histogram") if isinstance(before, dict) else None
+    since = "the measured requests" if isinstance(first, dict) else "the server's start"
+    first = first if isinstance(first, dict) else {}
+    histogram = {str(name): int(n) - int(first.get(name, 0)) for name, n in after["budget_histogram"].items()}
+    return {"policy": after.get("policy"), "candidates": [str(c) for c in after.get("candidates") or histogram],
+            "steps": sum(histogram.values()), "histogram": histogram, "since": since}
 
 
 def one(base: str, prompt: str, max_new: int, timeout: float) -> dict:
@@ -132,11 +150,13 @@ def main(argv: list[str]) -> int:
         "repeats": repeats,
         "results": [],
     }
+    budget_before = None
     try:
         if not prompts:
             raise ValueError("no prompts")
         for i in range(warmup):
             one(base, prompts[i % len(prompts)], max_new, timeout)
+        budget_before = server_info(base, min(timeout, 10.0))["ddtree_budget"]
         tokens, wall = 0, 0.0
         for rep in range(repeats):
             for prompt in prompts:
@@ -159,6 +179,7 @@ def main(argv: list[str]) -> int:
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
         out["error"] = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
     out["server"] = server_info(base, min(timeout, 10.0))
+    out["budget"] = budget_between(budget_before, out["server"]["ddtree_budget"]) if out["ok"] else None
     out["finished_at"] = iso_now()
     print(json.dumps(out))
     return 0

@@ -211,6 +211,39 @@ def test_triton_backend_of_a_ddtree_target_routes_its_tree_verify_attention(plug
     assert not routed(ddtree)
 
 
+def test_server_info_of_a_ddtree_scheduler_carries_its_budget_report_and_no_other(plugins_loaded, caplog):
+    """The hook on Scheduler.get_internal_state adds the DDTREE worker's ``ddtree_budget_state()`` to the state
+    dict SGLang answers /get_server_info with (its own GetInternalStateReqOutput); a scheduler with another worker
+    (or none) answers exactly as SGLang does, and a failing report leaves the endpoint's answer intact."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_ddtree.sglang.hooks import scheduler_internal_state_hook
+
+    assert hasattr(Scheduler.get_internal_state, "__wrapped__")  # HookRegistry wrapped it
+
+    def original(scheduler, recv_req):
+        return GetInternalStateReqOutput(internal_state={"avg_spec_accept_length": 2.5, "req": recv_req})
+
+    report = {"policy": "fixed", "candidates": ["16"], "steps": 3, "budget_histogram": {"16": 3}}
+    ddtree = SimpleNamespace(draft_worker=SimpleNamespace(ddtree_budget_state=lambda: report))
+    out = scheduler_internal_state_hook(original, ddtree, "req")
+    assert out.internal_state == {"avg_spec_accept_length": 2.5, "req": "req", "ddtree_budget": report}
+    for other in (SimpleNamespace(draft_worker=SimpleNamespace()), SimpleNamespace(draft_worker=None),
+                  SimpleNamespace()):
+        assert scheduler_internal_state_hook(original, other, "req").internal_state == {
+            "avg_spec_accept_length": 2.5, "req": "req"}
+
+    def broken():
+        raise RuntimeError("boom")
+
+    failing = SimpleNamespace(draft_worker=SimpleNamespace(ddtree_budget_state=broken))
+    with caplog.at_level("ERROR"):
+        out = scheduler_internal_state_hook(original, failing, "req")
+    assert out.internal_state == {"avg_spec_accept_length": 2.5, "req": "req"}
+    assert "the budget report for /get_server_info failed" in caplog.text
+
+
 def test_unsupported_version_logs_one_line_and_registers_nothing(monkeypatch, caplog):
     from sglang.srt.speculative import spec_registry
 
@@ -277,5 +310,5 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
     with caplog.at_level("WARNING", logger=hooks.__name__):
         registered = hooks.register_hooks()
     assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO,
-                                      hooks.TRITON_BACKEND_INIT]
+                                      hooks.TRITON_BACKEND_INIT, hooks.SCHEDULER_INTERNAL_STATE]
     assert [r.getMessage() for r in caplog.records if bogus in r.getMessage() and "needs it to serve" in r.getMessage()]

@@ -3,6 +3,7 @@ that need a GPU round - the drafter and target forwards - are exercised by bench
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -371,6 +372,9 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
                       worker.ddtree_budget)
     _assert_round_committed(worker, r, batch, result, tree)
     assert published[0] is result.new_seq_lens
+    # what /get_server_info reports (hooks.scheduler_internal_state_hook): the fixed budget, one tree round
+    assert worker.ddtree_budget_state() == {"policy": "fixed", "candidates": ["8"], "steps": 1,
+                                            "budget_histogram": {"8": 1}}
 
 
 def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_graphs(monkeypatch):
@@ -409,6 +413,11 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first.tolist())
     assert float(auto.calibration.predicted.sum()) > 0 and float(auto.calibration.observed.sum()) > 0
     assert "chosen {'chain': 1, '3': 1, '8': 1} over 3 steps" in auto.summary()
+    state = worker.ddtree_budget_state()
+    assert (state["policy"], state["candidates"], state["steps"]) == ("auto", ["chain", "3", "8"], 3)
+    assert state["budget_histogram"] == {"chain": 1, "3": 1, "8": 1}
+    assert state["step_ms"] == {f"b<={1 << (r.bs - 1).bit_length()}": {"chain": 1.0, "3": 1.0}}
+    assert json.loads(json.dumps(state)) == state  # plain JSON, as SGLang sends the internal state
 
 
 def _cpu_multinomial_with_seed(logprobs, seed, positions):

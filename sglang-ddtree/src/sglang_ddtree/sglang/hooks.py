@@ -15,6 +15,10 @@ every other algorithm) behaves exactly as without the plugin.
 * ``TritonAttnBackend.__init__`` (optional: without it DDTREE is as correct and slower): a target runner's Triton
   backend routes its tree-masked verify attention to the plugin's kernel (verify_attention.py), before the
   target's verify graphs are captured.
+* ``Scheduler.get_internal_state`` (optional: without it only the budget report is missing): on a DDTREE server,
+  ``/get_server_info``'s ``internal_states[i]`` gain ``ddtree_budget``, the worker's budget policy and how many
+  tree rounds verified each budget so far (``DDTreeWorker.ddtree_budget_state``), as SGLang's own DSpark adds its
+  ``dspark_info_record`` there.
 
 Other places that compare the literal "DFLASH" gate features DDTREE rejects at start-up or does not offer
 (unified-memory pools, replay-SSM, PD disaggregation, aux-hidden-state export, LoRA); see SGLANG.md.
@@ -32,11 +36,12 @@ SPEC_NEED_HIDDEN_STATES = "sglang.srt.speculative.spec_utils.spec_need_hidden_st
 CREATE_DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 GRAPH_GET_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 TRITON_BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+SCHEDULER_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 #: the hooks DDTREE cannot serve without (check-sglang reports each of them)
 REQUIRED = (SPEC_NEED_HIDDEN_STATES, CREATE_DUMMY_VERIFY_INPUT, GRAPH_GET_SPEC_INFO)
 
-__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "REQUIRED", "SPEC_NEED_HIDDEN_STATES",
-           "TRITON_BACKEND_INIT", "register_hooks"]
+__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "REQUIRED", "SCHEDULER_INTERNAL_STATE",
+           "SPEC_NEED_HIDDEN_STATES", "TRITON_BACKEND_INIT", "register_hooks"]
 
 
 def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
@@ -113,6 +118,20 @@ def triton_backend_init_hook(original, backend, *args: Any, **kwargs: Any):
     return result
 
 
+def scheduler_internal_state_hook(original, scheduler, *args: Any, **kwargs: Any):
+    """SGLang's internal state (``GetInternalStateReqOutput``), with ``ddtree_budget`` added to its dict when the
+    scheduler's speculative worker is DDTREE's. Every other server's answer is SGLang's, untouched."""
+    result = original(scheduler, *args, **kwargs)
+    budget_state = getattr(getattr(scheduler, "draft_worker", None), "ddtree_budget_state", None)
+    state = getattr(result, "internal_state", None)
+    if callable(budget_state) and isinstance(state, dict):
+        try:
+            state["ddtree_budget"] = budget_state()
+        except Exception:  # a report must never break the endpoint that carries it
+            logger.exception("sglang-ddtree: the budget report for /get_server_info failed")
+    return result
+
+
 def _resolve_owner(owner: str) -> Any:
     """The module ``owner`` names, or the class ``module.Class`` (its module's own import errors propagate)."""
     try:
@@ -152,14 +171,16 @@ def register_hooks() -> list[str]:
         (CREATE_DUMMY_VERIFY_INPUT, create_dummy_verify_input_hook),
         (GRAPH_GET_SPEC_INFO, graph_get_spec_info_hook),
         (TRITON_BACKEND_INIT, triton_backend_init_hook),
+        (SCHEDULER_INTERNAL_STATE, scheduler_internal_state_hook),
     ):
         if hook.__name__.removesuffix("_hook") in skip:
             logger.warning("sglang-ddtree: TEST: hook on %s left out (SGLANG_DDTREE_TEST_SKIP_HOOKS)", target)
             continue
         problem = _target_importable(target)
         if problem is not None:
-            need = ("DDTREE's verify attention stays SGLang's" if target == TRITON_BACKEND_INIT
-                    else "DDTREE needs it to serve")
+            need = {TRITON_BACKEND_INIT: "DDTREE's verify attention stays SGLang's",
+                    SCHEDULER_INTERNAL_STATE: "/get_server_info does not report DDTREE's budget choices"}.get(
+                        target, "DDTREE needs it to serve")
             logger.warning("sglang-ddtree: hook on %s not installed (%s); %s", target, problem, need)
             continue
         HookRegistry.register(target, hook, HookType.AROUND)

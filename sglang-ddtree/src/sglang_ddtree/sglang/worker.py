@@ -118,6 +118,7 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_track_interval_value: int | None = None
     _ddtree_auto: Any = None  # auto_budget.AutoBudget when SGLANG_DDTREE_BUDGET chooses the budget per step
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
+    _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -280,6 +281,20 @@ class DDTreeWorker(DFlashWorkerV2):
         if auto is not None:
             auto.end_step()
         return result
+
+    def ddtree_budget_state(self) -> dict:
+        """``/get_server_info``'s ``internal_states[i].ddtree_budget`` (hooks.scheduler_internal_state_hook), from
+        host counters only: ``policy`` ("fixed" or "auto"), ``candidates`` (budget names, "chain" for DFLASH's
+        chain), ``steps`` (tree rounds so far) and ``budget_histogram`` (rounds that verified each candidate); with
+        the auto budget also its measured ``step_ms``, ``expected_mean`` and extra ``graphs``
+        (``AutoBudget.stats``)."""
+        auto = self._ddtree_auto
+        if auto is None:
+            name = str(self.ddtree_budget)
+            return {"policy": "fixed", "candidates": [name], "steps": self._ddtree_rounds,
+                    "budget_histogram": {name: self._ddtree_rounds}}
+        stats = auto.stats()
+        return {"policy": "fixed" if auto.fixed else "auto", "candidates": list(stats["budget_histogram"]), **stats}
 
     # --- 2) tree ---------------------------------------------------------------------------------------------
     def _ddtree_lm_head(self):
@@ -446,6 +461,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         from .verify_spec_input import DDTreeVerifyInput
 
+        self._ddtree_rounds += 1
         bs = len(batch.seq_lens)
         block_size = self.block_size
         draft_input = batch.spec_info

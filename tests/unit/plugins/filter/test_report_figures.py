@@ -190,3 +190,31 @@ def test_the_budget_sentence_says_how_the_server_chooses(report, choice, expecte
     plan["budget"], plan["num_draft_tokens"], plan["budget_choice"] = 16, 17, choice
     md = render(report)
     assert expected in md and absent not in md
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        ({"policy": "fixed", "candidates": ["16"], "steps": 52, "histogram": {"16": 52},
+          "since": "the measured requests"},
+         "DDTREE's node budget on the new server's tree rounds during these prompts (fixed): 16 52 (100%) of 52 "
+         "rounds."),
+        ({"policy": "auto", "candidates": ["chain", "8", "16"], "steps": 40,
+          "histogram": {"chain": 4, "8": 30, "16": 6}, "since": "the measured requests"},
+         "(auto, candidates chain, 8, 16): chain 4 (10%), 8 30 (75%), 16 6 (15%) of 40 rounds."),
+        ({"policy": "auto", "candidates": ["chain", "32"], "steps": 0, "histogram": {"chain": 0, "32": 0},
+          "since": "the server's start"},
+         "(auto, candidates chain, 32): no tree rounds (counted from the server's start)."),
+        (None, "DDTREE's node budget during these prompts: not reported by the new server"),
+    ],
+)
+def test_the_budget_the_new_server_chose_during_the_baseline_is_in_the_markdown(report, budget, expected):
+    """The generation probe's ``budget`` (the plugin's /get_server_info report, before and after the prompts)."""
+    put(report, "inference.0.service.baseline.after.budget", budget)
+    assert expected in render(report)
+
+
+def test_no_budget_sentence_for_a_server_that_is_not_ddtree(report):
+    put(report, "inference.0.service.baseline.after.budget", None)
+    put(report, "inference.0.service.server_info_algorithm", "NEXTN")
+    assert "node budget" not in render(report)
