@@ -355,6 +355,13 @@ def test_gate_failure_rolls_back(lab, tmp_path) -> None:
     assert comparison["prompts"] == 5 and comparison["agreeing"] == 5, comparison["per_prompt"]
     assert comparison["tokens_per_s"]["before"] > 0 and comparison["tokens_per_s"]["after"] > 0
     assert comparison["accept_length"]["value"] >= 1.0
+    # the budget per tree round during the comparison, from the server's own /get_server_info (the stand-in verifies
+    # its one budget, 16, every round): every round of the measured prompts, none of the warm-up's
+    budget = svc["baseline"]["after"]["budget"]
+    assert (budget["policy"], budget["histogram"].keys(), budget["since"]) == ("fixed", {"16"}, "the measured requests")
+    assert budget["steps"] == budget["histogram"]["16"] > 0
+    assert (f"DDTREE's node budget on the new server's tree rounds during these prompts (fixed): 16: {budget['steps']} "
+            f"(100%) of {budget['steps']} rounds.") in (run.report_dir / "pivot-report.md").read_text()
     assert report["summary"]["gate_failed"] == [lk.INFERENCE]
     assert lk.files_with_hashes(lk.INFERENCE, f"{lk.STATE_DIR}/units") == SEEN["records"]
     backups = lk.unit_backups()

@@ -197,11 +197,11 @@ def test_the_budget_sentence_says_how_the_server_chooses(report, choice, expecte
     [
         ({"policy": "fixed", "candidates": ["16"], "steps": 52, "histogram": {"16": 52},
           "since": "the measured requests"},
-         "DDTREE's node budget on the new server's tree rounds during these prompts (fixed): 16 52 (100%) of 52 "
+         "DDTREE's node budget on the new server's tree rounds during these prompts (fixed): 16: 52 (100%) of 52 "
          "rounds."),
         ({"policy": "auto", "candidates": ["chain", "8", "16"], "steps": 40,
           "histogram": {"chain": 4, "8": 30, "16": 6}, "since": "the measured requests"},
-         "(auto, candidates chain, 8, 16): chain 4 (10%), 8 30 (75%), 16 6 (15%) of 40 rounds."),
+         "(auto, candidates chain, 8, 16): chain: 4 (10%), 8: 30 (75%), 16: 6 (15%) of 40 rounds."),
         ({"policy": "auto", "candidates": ["chain", "32"], "steps": 0, "histogram": {"chain": 0, "32": 0},
           "since": "the server's start"},
          "(auto, candidates chain, 32): no tree rounds (counted from the server's start)."),
