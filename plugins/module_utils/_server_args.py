@@ -4,9 +4,13 @@
 :func:`check_server_args` does what ``sglang.launch_server`` does before it builds ServerArgs:
 ``sglang.srt.plugins.load_plugins()``, ``ServerArgs.add_cli_args`` on an argparse parser, ``parse_args``; then
 resolves ``--speculative-algorithm`` with ``SpeculativeAlgorithm.from_string`` when that name is registered
-(before the plugin is installed DDTREE is not; that is checked after the install instead). Nothing starts, no
-model is read, no GPU is touched. SGLang is reached through :class:`SGLangHooks` so the decisions are tested with
-a stand-in parser as well as with the real SGLang. Keeps to Python 3.8 (it runs in the unit's interpreter).
+(before the plugin is installed DDTREE is not; that is checked after the install instead). When it resolves to
+DDTREE, it then runs sglang-ddtree's own start-up check (``handle_ddtree_server_args``, what a DDTREE server runs on
+its ServerArgs before it loads anything: drafter, budget, attention backends, page size, parallelism) on a copy of
+the parsed arguments, so a server that would refuse to start is caught before anything is stopped. Nothing starts,
+no weights are read (the target's and the drafter's config.json are), no GPU is touched. SGLang is reached
+through :class:`SGLangHooks` so the decisions are tested with a stand-in parser as well as with the real SGLang.
+Keeps to Python 3.8 (it runs in the unit's interpreter).
 
 The module does not import SGLang in its own process: AnsibleModule (ansible-core 2.19) replaces ``sys.intern``
 with an object torch's dynamo refuses (``substitute_in_graph expects a function``), so ``import sglang`` fails
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
+import os
 import sys
 
 #: The line prefix of the verdict on the child's stdout.
@@ -33,6 +39,10 @@ class ParseError(Exception):
     pass
 
 
+class Refused(Exception):
+    """A start-up check's refusal; its message names the option and the fix."""
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing the usage and exiting 2."""
 
@@ -41,7 +51,7 @@ class Parser(argparse.ArgumentParser):
 
 
 class SGLangHooks:
-    """The three things taken from SGLang; each may raise (ImportError or anything else)."""
+    """The four things taken from SGLang and its DDTREE plugin; each may raise (ImportError or anything else)."""
 
     def load_plugins(self) -> None:
         try:
@@ -61,18 +71,59 @@ class SGLangHooks:
         resolved = SpeculativeAlgorithm.from_string(name)
         return str(getattr(resolved, "name", resolved))
 
+    def ddtree_startup_check(self, args: argparse.Namespace) -> None:
+        """sglang-ddtree's start-up check on ``args`` (changes them, as it completes a server's args); raises
+        :class:`Refused` with its message (anything else: the check did not run)."""
+        from sglang_ddtree.sglang.server_args import DDTreeConfigError, handle_ddtree_server_args
+
+        try:
+            handle_ddtree_server_args(args)
+        except DDTreeConfigError as exc:
+            raise Refused(str(exc)) from None
+
+
+def ddtree_startup_check(args: argparse.Namespace, hooks: SGLangHooks) -> dict:
+    """The verdict of sglang-ddtree's start-up check on the parsed words: ``checked``, ``ok`` (None when not
+    checked), ``error`` (the plugin's refusal), ``reason`` (why it was not decided here).
+
+    It reads the target's and the drafter's config.json, so it runs only when both paths are directories on this
+    host (a hub id is fetched by the server itself at start: the server runs the same check then). ``--device``
+    unset is taken as cuda, SGLang's choice on a host with an NVIDIA GPU (preflight's GPU check sees to that)."""
+    out = {"checked": False, "ok": None, "error": "", "reason": ""}
+    for flag, value in (("--model-path", getattr(args, "model_path", None)),
+                        ("--speculative-draft-model-path", getattr(args, "speculative_draft_model_path", None))):
+        if value is not None and not os.path.isdir(str(value)):
+            out["reason"] = (f"{flag} {value} is not a directory on this host (a hub id is fetched by the server at "
+                             "start, which runs this check then)")
+            return out
+    candidate = copy.copy(args)
+    if not getattr(candidate, "device", None):
+        candidate.device = "cuda"
+    try:
+        hooks.ddtree_startup_check(candidate)
+    except Refused as exc:
+        out.update(checked=True, ok=False, error=" ".join(str(exc).split()))
+    except Exception as exc:  # not importable or broken here (an older plugin, a partial SGLang): say so, not guess
+        out["reason"] = f"the check did not run here ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    else:
+        out.update(checked=True, ok=True)
+    return out
+
 
 def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dict:
     """The verdict on ``words`` (the server's words from the first ``--flag`` on).
 
     Keys: ``checked`` (false when SGLang's parser cannot be imported here; ``reason`` says why), ``ok`` (None when
     not checked), ``error`` (argparse's message when refused), ``reason``, ``algorithm`` (the parsed
-    ``--speculative-algorithm``), ``algorithm_resolved`` (its registered name, or None with ``reason``). What
-    SGLang prints while importing and parsing is swallowed; the caller's stdout stays clean.
+    ``--speculative-algorithm``), ``algorithm_resolved`` (its registered name, or None with ``reason``),
+    ``startup_check`` (DDTREE only, else None: :func:`ddtree_startup_check`'s verdict; a refusal there makes ``ok``
+    false with the plugin's message as ``error``). What SGLang prints while importing and parsing is swallowed; the
+    caller's stdout stays clean.
     """
     hooks = hooks or SGLangHooks()
     words = [str(w) for w in words]
-    out = {"checked": False, "ok": None, "error": "", "reason": "", "algorithm": None, "algorithm_resolved": None}
+    out = {"checked": False, "ok": None, "error": "", "reason": "", "algorithm": None, "algorithm_resolved": None,
+           "startup_check": None}
     noise = io.StringIO()
     with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
         try:
@@ -96,6 +147,11 @@ def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dic
                 out["algorithm_resolved"] = hooks.resolve_algorithm(algorithm)
             except Exception as exc:  # not registered (yet): reported, not decided here
                 out["reason"] = f"--speculative-algorithm {algorithm} does not resolve here yet ({exc})"
+        if str(out["algorithm_resolved"] or "").upper() == "DDTREE":
+            check = ddtree_startup_check(args, hooks)
+            out["startup_check"] = check
+            if check["ok"] is False:
+                out.update(ok=False, error=f"sglang-ddtree's start-up check refuses it: {check['error']}")
     return out
 
 

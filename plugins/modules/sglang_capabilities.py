@@ -432,7 +432,8 @@ plugin_checks:
     server_args:
       description:
         - SGLang's parser's verdict on the new server words, the keys of module specdec.pivot.sglang_server_args
-          (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved)); secrets masked.
+          (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved), and C(startup_check), the
+          verdict of sglang-ddtree's own start-up check on a DDTREE command line); secrets masked.
       type: dict
       returned: when O(plugin_checks.server_args) is true
     budget:
@@ -943,7 +944,7 @@ def main() -> None:
                     reason = f"the check did not run: {errors}"
                     checks[name] = {
                         "server_args": {"checked": False, "ok": None, "error": "", "algorithm": None,
-                                        "algorithm_resolved": None, "reason": reason},
+                                        "algorithm_resolved": None, "reason": reason, "startup_check": None},
                         "budget": {"checked": False, "ok": None, "value": None, "candidates": None, "error": "",
                                    "reason": reason},
                     }.get(name, {"rc": 1, "stdout": "", "stderr": reason})
@@ -1010,6 +1011,7 @@ def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | N
                 "algorithm": None,
                 "algorithm_resolved": None,
                 "reason": UNCHECKED_EXPANSION,
+                "startup_check": None,
             }
         else:
             request["server_args"] = {

@@ -16,10 +16,14 @@ description:
     C(sglang.srt.plugins.load_plugins) (SGLang 0.5.11+; skipped on an SGLang without it),
     C(ServerArgs.add_cli_args) on an argparse parser, C(parse_args) - then resolves C(--speculative-algorithm) with
     C(SpeculativeAlgorithm.from_string) when that name is registered there.
+  - When the algorithm resolves to DDTREE, also runs sglang-ddtree's own start-up check
+    (C(sglang_ddtree.sglang.server_args.handle_ddtree_server_args), what a DDTREE server runs before it loads a
+    model) on a copy of the parsed arguments, when the target's and the drafter's paths are directories on the host
+    (it reads their C(config.json)); a refusal there is RV(ok=false) too. See RV(startup_check).
   - To check a systemd unit's command line, run the module with the unit's interpreter (set
     C(ansible_python_interpreter) on the task) and its C(Environment=) (the task's C(environment)); see the
     examples. The module never starts another interpreter.
-  - Nothing starts, no model is read, no GPU is touched. A refused command line is a result (RV(ok=false) with
+  - Nothing starts, no weights are read, no GPU is touched. A refused command line is a result (RV(ok=false) with
     RV(error)), and so is an interpreter where SGLang's parser cannot be imported (RV(checked=false) with
     RV(reason)); assert on them where it matters. What SGLang prints while importing is not shown.
   - SGLang is imported in a separate process of that same interpreter (C(sys.executable) C(-c)), with the
@@ -109,6 +113,14 @@ algorithm_resolved:
   returned: always
   type: str
   sample: DDTREE
+startup_check:
+  description:
+    - sglang-ddtree's start-up check on the command line, null unless RV(algorithm_resolved) is DDTREE.
+    - C(checked) (false when it could not run here, C(reason) says why, e.g. a hub id as a model path), C(ok)
+      (null when not checked), C(error) (the plugin's refusal, which names the option and the fix), C(reason).
+  returned: always
+  type: dict
+  sample: {checked: true, ok: false, error: "--page-size=16: ...; pass --page-size 1 (the default)", reason: ""}
 """
 
 import json

@@ -383,6 +383,12 @@ def assert_report_figures_agree(run: lk.Run, report: dict) -> None:
     assert stand_in and "LAB STAND-IN" in stand_in["says"], stand_in
     assert stand_in["source"] == "GET /get_server_info of the new server"
     assert md.count("Lab stand-in") == 2 and "not a real model" in md
+    # sglang-ddtree's own start-up check ran in preflight and could not decide: the lab's SGLang venv has no
+    # torchvision, so SGLang's config reader does not import there (unit tests show its refusals on the real SGLang)
+    check = report["inference"][0]["plan"]["args_check"]["startup_check"]
+    assert (check["checked"], check["ok"]) == (False, None), check
+    assert check["reason"].startswith("the check did not run here (ImportError: AutoImageProcessor requires"), check
+    assert f"in preflight: **not decided on this host**: {check['reason']}." in md
     waits = re.findall(r"^waiting \[\S+\]: .* - limit (\d+) s, polled every \d+ s - \d+ s so far, limit (\d+) s",
                        run.out, re.M)
     assert waits, "no wait was polled (the new server's /health takes seconds)"

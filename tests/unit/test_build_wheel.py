@@ -60,7 +60,7 @@ def test_two_versions_of_the_sources_keep_their_own_wheels_in_one_cache(sources,
 
 
 def test_a_wheel_changed_in_the_cache_is_rebuilt(sources, tmp_path) -> None:
-    first, _ = sources
+    first = sources[0]
     out = tmp_path / "wheels"
     built = build(first, out)
     Path(built["wheel"]).write_bytes(b"not the wheel")

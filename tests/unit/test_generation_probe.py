@@ -88,7 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = body["sampling_params"]["max_new_tokens"]
         if self.server.pattern is not None:
-            for _ in range(self.server.rounds_per_request):
+            for _round in range(self.server.rounds_per_request):
                 name = self.server.pattern[self.server.rounds % len(self.server.pattern)]
                 self.server.histogram[name] += 1
                 self.server.rounds += 1

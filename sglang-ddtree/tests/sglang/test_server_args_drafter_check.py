@@ -51,3 +51,25 @@ def test_unservable_drafters_fail_at_startup(model_dirs, tmp_path, changes, mess
 def test_plain_drafter_still_resolves(model_dirs, tmp_path):
     got = resolve(_with_drafter(model_dirs, tmp_path))
     assert got["speculative_algorithm"] == "DDTREE" and got["speculative_dflash_block_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [(OSError("config.json: no such file"), "DDTreeConfigError"), (ImportError("no torchvision"), "ImportError")],
+)
+def test_an_environment_that_cannot_read_configs_is_not_called_a_bad_drafter(monkeypatch, error, raised):
+    """A drafter config SGLang's reader fails on is refused naming the flag; an ImportError is this environment's
+    (a partial SGLang: the pivot's preflight then reports the check as not decided), so it propagates as itself."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.sglang import server_args
+
+    def fails(cfg):
+        raise error
+
+    monkeypatch.setattr(server_args, "_load_draft_hf_config", fails)
+    with pytest.raises(Exception) as caught:
+        server_args.read_drafter_info(SimpleNamespace(speculative_draft_model_path="/models/drafter"))
+    assert type(caught.value).__name__ == raised
+    if raised == "DDTreeConfigError":
+        assert "--speculative-draft-model-path='/models/drafter': cannot read the drafter's config" in str(caught.value)

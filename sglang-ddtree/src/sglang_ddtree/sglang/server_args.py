@@ -124,6 +124,8 @@ def read_drafter_info(cfg: Any) -> DrafterInfo:
     path = cfg.speculative_draft_model_path
     try:
         hf_config = _load_draft_hf_config(cfg)
+    except ImportError:  # this environment cannot run SGLang's config reader: not a fault of the drafter's config
+        raise
     except Exception as exc:
         raise DDTreeConfigError(
             f"--speculative-draft-model-path={path!r}: cannot read the drafter's config ({type(exc).__name__}: "

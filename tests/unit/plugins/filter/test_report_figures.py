@@ -218,3 +218,28 @@ def test_no_budget_sentence_for_a_server_that_is_not_ddtree(report):
     put(report, "inference.0.service.baseline.after.budget", None)
     put(report, "inference.0.service.server_info_algorithm", "NEXTN")
     assert "node budget" not in render(report)
+
+
+@pytest.mark.parametrize(
+    ("check", "expected"),
+    [
+        ({"checked": True, "ok": True, "error": "", "reason": ""},
+         "sglang-ddtree's own start-up check on the new command line (what the new server runs before it loads a "
+         "model), in preflight: passed."),
+        ({"checked": True, "ok": False, "error": "--page-size=16: pass --page-size 1 (the default)", "reason": ""},
+         "in preflight: **refused**: --page-size=16: pass --page-size 1 (the default)."),
+        ({"checked": False, "ok": None, "error": "",
+          "reason": "--model-path Qwen/Qwen3.6-27B is not a directory on this host (a hub id is fetched by the "
+                    "server at start, which runs this check then)"},
+         "in preflight: **not decided on this host**: --model-path Qwen/Qwen3.6-27B is not a directory"),
+    ],
+    ids=["passed", "refused", "undecided"],
+)
+def test_the_plugins_start_up_check_is_in_the_markdown(report, check, expected):
+    put(report, "inference.0.plan.args_check.startup_check", check)
+    assert expected in render(report)
+
+
+def test_no_start_up_check_line_for_a_command_line_it_did_not_check(report):
+    put(report, "inference.0.plan.args_check.startup_check", None)
+    assert "start-up check on the new command line" not in render(report)

@@ -27,9 +27,11 @@ class StandInServerArgs:
 
 
 class StandInHooks(sa.SGLangHooks):
-    def __init__(self, registered=None, fail_import: Exception | None = None, fail_plugins: Exception | None = None):
+    def __init__(self, registered=None, fail_import: Exception | None = None, fail_plugins: Exception | None = None,
+                 startup: Exception | None = None):
         self.registered = REGISTERED if registered is None else registered
-        self.fail_import, self.fail_plugins = fail_import, fail_plugins
+        self.fail_import, self.fail_plugins, self.startup = fail_import, fail_plugins, startup
+        self.startup_seen: list = []
 
     def load_plugins(self) -> None:
         print("plugin loaded")
@@ -45,6 +47,12 @@ class StandInHooks(sa.SGLangHooks):
         if name not in self.registered:
             raise ValueError(f"Unknown speculative algorithm name: {name}")
         return self.registered[name]
+
+    def ddtree_startup_check(self, args: argparse.Namespace) -> None:
+        self.startup_seen.append(args)
+        args.speculative_num_draft_tokens = 99  # the plugin completes the args it is given: never the caller's
+        if self.startup:
+            raise self.startup
 
 
 BASE = ["--model-path", "/models/t"]
@@ -105,10 +113,90 @@ BASE = ["--model-path", "/models/t"]
 )
 def test_check_server_args(capsys, words, hooks, expected):
     out = sa.check_server_args(words, StandInHooks(**hooks))
-    assert set(out) == {"checked", "ok", "error", "reason", "algorithm", "algorithm_resolved"}
+    assert set(out) == {"checked", "ok", "error", "reason", "algorithm", "algorithm_resolved", "startup_check"}
     assert {k: out[k] for k in expected} == expected
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", "")  # SGLang's noise is swallowed
+
+
+@pytest.fixture
+def model_dirs(tmp_path) -> list[str]:
+    """The words' --model-path and --speculative-draft-model-path as directories of this host."""
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    target.mkdir()
+    drafter.mkdir()
+    return ["--model-path", str(target), "--speculative-algorithm", "DDTREE",
+            "--speculative-draft-model-path", str(drafter)]
+
+
+DDTREE_REGISTERED = {**REGISTERED, "DDTREE": "DDTREE"}
+
+
+class StandInDrafterArgs(StandInServerArgs):
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        StandInServerArgs.add_cli_args(parser)
+        parser.add_argument("--speculative-draft-model-path", type=str)
+        parser.add_argument("--device", type=str)
+
+
+class DrafterHooks(StandInHooks):
+    def server_args_class(self):
+        return StandInDrafterArgs
+
+
+@pytest.mark.parametrize(
+    ("startup", "expected"),
+    [
+        (None, {"checked": True, "ok": True, "error": "", "reason": ""}),
+        (sa.Refused("--page-size=16: the tree verify writes one slot per node; pass --page-size 1"),
+         {"checked": True, "ok": False, "error": "--page-size=16: the tree verify writes one slot per node; pass "
+                                                 "--page-size 1", "reason": ""}),
+        (ImportError("cannot import name 'handle_ddtree_server_args'"),
+         {"checked": False, "ok": None, "error": "",
+          "reason": "the check did not run here (ImportError: cannot import name 'handle_ddtree_server_args')"}),
+        (ImportError("\nAutoImageProcessor requires the Torchvision library\nbut it was not found\n"),
+         {"checked": False, "ok": None, "error": "",  # one line: the report's Markdown prints it
+          "reason": "the check did not run here (ImportError: AutoImageProcessor requires the Torchvision library "
+                    "but it was not found)"}),
+        (RuntimeError("no CUDA here"),
+         {"checked": False, "ok": None, "error": "",
+          "reason": "the check did not run here (RuntimeError: no CUDA here)"}),
+    ],
+    ids=["passes", "refused", "no-check-in-this-plugin", "partial-sglang", "check-breaks"],
+)
+def test_a_ddtree_command_line_goes_through_the_plugins_own_start_up_check(model_dirs, startup, expected):
+    hooks = DrafterHooks(registered=DDTREE_REGISTERED, startup=startup)
+    out = sa.check_server_args([*model_dirs, "--speculative-num-draft-tokens", "17"], hooks)
+    assert out["startup_check"] == expected
+    refused = expected["ok"] is False
+    assert (out["checked"], out["ok"]) == (True, not refused)
+    assert out["error"] == (f"sglang-ddtree's start-up check refuses it: {expected['error']}" if refused else "")
+    (seen,) = hooks.startup_seen
+    assert seen.device == "cuda"  # unset: SGLang's choice on a GPU host
+    assert seen.speculative_draft_model_path == model_dirs[-1]
+
+
+def test_the_start_up_check_keeps_an_explicit_device_and_runs_for_ddtree_only(model_dirs):
+    hooks = DrafterHooks(registered=DDTREE_REGISTERED)
+    assert sa.check_server_args([*model_dirs, "--device", "cpu"], hooks)["startup_check"]["ok"] is True
+    assert hooks.startup_seen[0].device == "cpu"  # the plugin refuses it itself (CUDA only)
+    nextn = [w if w != "DDTREE" else "NEXTN" for w in model_dirs]
+    assert sa.check_server_args(nextn, hooks)["startup_check"] is None
+    assert len(hooks.startup_seen) == 1
+
+
+@pytest.mark.parametrize("which", ["--model-path", "--speculative-draft-model-path"])
+def test_a_model_path_that_is_not_a_directory_here_is_left_to_the_server(model_dirs, which):
+    words = list(model_dirs)
+    words[words.index(which) + 1] = "z-lab/Qwen3-8B-DFlash-b16"
+    hooks = DrafterHooks(registered=DDTREE_REGISTERED)
+    out = sa.check_server_args(words, hooks)
+    assert (out["ok"], out["startup_check"]["checked"], out["startup_check"]["ok"]) == (True, False, None)
+    assert out["startup_check"]["reason"] == (
+        f"{which} z-lab/Qwen3-8B-DFlash-b16 is not a directory on this host (a hub id is fetched by the server at "
+        "start, which runs this check then)")
+    assert hooks.startup_seen == []
 
 
 def test_sglang_without_the_plugin_api_still_parses(monkeypatch):

@@ -54,6 +54,42 @@ def test_ddtree_resolves_where_the_plugin_is_installed():
         True, True, "DDTREE", "DDTREE", "")
 
 
+@pytest.fixture(scope="module")
+def tiny_models() -> Path:
+    """The lab's tiny target and DFlash drafter (lab/make_tiny_models.py; built once, then reused)."""
+    out = REPO / "lab" / ".build" / "models"
+    proc = subprocess.run([str(PY_023), str(REPO / "lab" / "make_tiny_models.py"), str(out)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ([], None),
+        (["--page-size", "16"], "--page-size=16: "),
+        (["--speculative-num-draft-tokens", "4"],
+         "--speculative-num-draft-tokens=4 (node budget 3) is too small for the drafter's block_size 16"),
+    ],
+    ids=["accepted", "page-size", "budget-below-half-the-block"],
+)
+def test_the_plugins_own_start_up_check_runs_on_a_ddtree_command_line(tiny_models, extra, refusal):
+    """sglang-ddtree (installed in .venv) checks the words as its server would at start, on the lab's real configs:
+    what SGLang's parser accepts and the plugin refuses is refused here, before anything is stopped."""
+    words = ["--model-path", str(tiny_models / "Qwen3-tiny"), "--speculative-algorithm", "DDTREE",
+             "--speculative-draft-model-path", str(tiny_models / "Qwen3-tiny-DFlash"),
+             "--speculative-num-draft-tokens", "17", *extra]
+    r = run(PY_023, words, True)
+    check = r["startup_check"]
+    if refusal is None:
+        assert (r["ok"], r["error"], check) == (True, "", {"checked": True, "ok": True, "error": "", "reason": ""})
+    else:
+        assert (r["ok"], check["checked"], check["ok"]) == (False, True, False)
+        assert refusal in check["error"]
+        assert r["error"] == f"sglang-ddtree's start-up check refuses it: {check['error']}"
+
+
 def test_an_sglang_that_does_not_import_is_not_checked(tmp_path):
     broken = tmp_path / "shadow" / "sglang"
     broken.mkdir(parents=True)
