@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from engine_run import run_config
+from sglang_ddtree.budget import least_widest_budget
 
 CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", 16), ("DDTREE", 8), ("DDTREE", 32),
            ("DDTREE", 4)]  # the auto row early: a call cut short by its time limit still has it
@@ -28,10 +29,10 @@ AUTO_WIDEST = 32
 
 
 def reservation(budget: int, block_size: int) -> int:
-    """The widest budget a server verifying ``budget`` nodes needs: SGLang's DFLASH decode reserves
-    2 x (widest + 1) KV slots a step and the drafter's block must fit in them, so a budget below half the block is
-    served as ``SGLANG_DDTREE_BUDGET=budget`` under a wider ``--speculative-num-draft-tokens``."""
-    return max(budget, -(-block_size // 2) - 1)
+    """The widest budget a server verifying ``budget`` nodes needs (the plugin's start-up rule,
+    ``sglang_ddtree.budget.least_widest_budget``): a budget below half the block is served as
+    ``SGLANG_DDTREE_BUDGET=budget`` under a wider ``--speculative-num-draft-tokens``."""
+    return max(budget, least_widest_budget(block_size))
 
 
 def drafter_block_size(drafter: Path) -> int:

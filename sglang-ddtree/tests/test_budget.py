@@ -20,6 +20,7 @@ from sglang_ddtree.budget import (
     chain_path_logprobs,
     choose_budget,
     expected_accept_length,
+    least_widest_budget,
     observe,
     parse_budget_option,
     tokens_per_second,
@@ -569,3 +570,10 @@ def test_trees_from_candidate_lists_carry_their_best_candidate():
     e = expected_accept_length(tree, (CHAIN, 5))
     assert torch.allclose(e[:, 0], chain_path_logprobs(tree.top1_logprobs)[0].exp().sum(dim=1))
     assert torch.equal(top1_logprobs(tree), tree.top1_logprobs)
+
+
+@pytest.mark.parametrize("block_size", range(2, 40))
+def test_least_widest_budget_is_the_smallest_whose_reservation_holds_the_block(block_size):
+    """SGLang's DFLASH decode reserves 2 x num_draft_tokens slots a step; the drafter's block must fit in them."""
+    least = least_widest_budget(block_size)
+    assert 2 * (least + 1) >= block_size > 2 * least

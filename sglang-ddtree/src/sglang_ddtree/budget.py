@@ -86,6 +86,14 @@ BUDGET_ENV = "SGLANG_DDTREE_BUDGET"
 AUTO_BUDGETS = (4, 8, 16, 32)
 
 
+def least_widest_budget(block_size: int) -> int:
+    """The smallest widest budget (``--speculative-num-draft-tokens`` - 1) a server with a drafter of this block size
+    can start with: SGLang's DFLASH decode reserves 2 x num_draft_tokens KV slots a step ahead of each request and the
+    drafter's block writes ``block_size`` of them, so num_draft_tokens >= ceil(block_size / 2). A narrower budget is
+    served as a single candidate of :data:`BUDGET_ENV` under this one."""
+    return -(-block_size // 2) - 1
+
+
 def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> tuple[int, ...] | None:
     """The candidates of a per-step budget choice named by :data:`BUDGET_ENV`, or None for a fixed budget.
 

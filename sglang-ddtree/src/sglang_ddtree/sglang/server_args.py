@@ -327,10 +327,10 @@ def handle_ddtree_server_args(cfg: Any) -> None:
             f"{drafter.block_size}; DDTREE reads the block size from the drafter config, drop the flag"
         )
 
-    from ..budget import BUDGET_ENV, parse_budget_option
+    from ..budget import BUDGET_ENV, least_widest_budget, parse_budget_option
 
-    if 2 * (budget + 1) < drafter.block_size:
-        least = -(-drafter.block_size // 2)
+    if budget < least_widest_budget(drafter.block_size):
+        least = least_widest_budget(drafter.block_size) + 1
         raise DDTreeConfigError(
             f"--speculative-num-draft-tokens={budget + 1} (node budget {budget}) is too small for the drafter's "
             f"block_size {drafter.block_size}: SGLang's DFLASH decode reserves 2 x num_draft_tokens = "
