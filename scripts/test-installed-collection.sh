@@ -52,8 +52,9 @@ before=$(find "$installed" -type f | sort | sha256sum)
 start=$SECONDS
 pivot >"$work/run1.log" 2>&1 || { tail -60 "$work/run1.log"; fail "the pivot from the installed collection"; }
 log "pivot from the installed collection: ok in $((SECONDS - start)) s"
-ls "$work/cache/specdec.pivot/wheels/"sglang_ddtree-*.whl >/dev/null \
-  || fail "no plugin wheel built by the stock venv in $work/cache/specdec.pivot/wheels"
+# one directory per version of the plugin's sources (roles/ddtree_plugin/files/build_wheel.py)
+ls "$work/cache/specdec.pivot/wheels/"*/sglang_ddtree-*.whl >/dev/null \
+  || fail "no plugin wheel built by the stock venv under $work/cache/specdec.pivot/wheels"
 report=$work/run/reports/pivot-report.json
 if [ ! -f "$report" ] || [ ! -f "$work/run/reports/pivot-report.md" ]; then
   fail "no report in $work/run/reports (the default report directory is ./reports of the run's directory)"
