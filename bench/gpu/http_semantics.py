@@ -43,7 +43,8 @@ feature that leaves the baseline's output unchanged says so in the detail ("no e
 
     python bench/gpu/http_semantics.py --models DIR --work DIR [--budget 16] [--gpu h200] [--results bench/results]
 
-Both servers run at the same time (``--mem-fraction-static 0.3`` each: the tiny or trained pair fits twice);
+Both servers run at the same time (started one after the other, ``--mem-fraction-static`` 0.3 and 0.65: SGLang
+counts the first's memory as used when the second starts);
 ``--server-module sglang_lab_server`` runs the LAB STAND-IN instead (the CPU test; it parses the same flags).
 
 The pure parts (HTTP client, catalogue, classification, near-tie accounting, logprob tolerance, KV parsing, the
@@ -914,12 +915,12 @@ def free_port() -> int:
 
 
 def sglang_argv(models: Path, port: int, algo: str, budget: int, context_length: int,
-                module: str = "sglang.launch_server") -> list[str]:
+                module: str = "sglang.launch_server", mem_fraction: float = 0.3) -> list[str]:
     """``python -m sglang.launch_server`` for one of the two servers (CUDA graphs on: nothing disables them)."""
     argv = [sys.executable, "-m", module, "--model-path", str(models / "target"),
             "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "triton",
             "--sampling-backend", "pytorch", "--enable-custom-logit-processor", "--enable-metrics",
-            "--mem-fraction-static", "0.3", "--context-length", str(context_length),
+            "--mem-fraction-static", str(mem_fraction), "--context-length", str(context_length),
             "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64", "--log-level", "warning"]
     if algo == "DDTREE":
         argv += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(models / "drafter"),
@@ -992,13 +993,14 @@ def main(argv: list[str] | None = None) -> int:
     import sglang
 
     servers = {}
-    for name, algo in (("none", "none"), ("DDTREE", "DDTREE")):
-        port = free_port()
-        servers[name] = Server(sglang_argv(args.models, port, algo, args.budget, args.context_length,
-                                           args.server_module),
-                               f"http://127.0.0.1:{port}", args.work / f"server-{name}.log")
     try:
-        for name, server in servers.items():
+        # One after the other: SGLang counts the memory the first server holds as used, so the second's static
+        # fraction (of the whole GPU) covers the first's 0.3 as well as its own.
+        for name, algo, fraction in (("none", "none", 0.3), ("DDTREE", "DDTREE", 0.65)):
+            port = free_port()
+            server = servers[name] = Server(
+                sglang_argv(args.models, port, algo, args.budget, args.context_length, args.server_module, fraction),
+                f"http://127.0.0.1:{port}", args.work / f"server-{name}.log")
             problem = server.wait_ready(args.start_timeout)
             if problem:
                 print(f"server {name} did not start: {problem}", flush=True)
