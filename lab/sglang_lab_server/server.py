@@ -332,10 +332,10 @@ class LabServer(ThreadingHTTPServer):
         if self.algorithm_name == "DDTREE":
             # what sglang-ddtree adds there (DDTreeWorker.ddtree_budget_state): the stand-in's reference engine
             # verifies one fixed budget every round, whatever SGLANG_DDTREE_BUDGET says
-            budget = str(ddtree_budget(self.args.speculative_num_draft_tokens))
-            rounds = self.engine.stats["verify_rounds"]
-            state["ddtree_budget"] = {"policy": "fixed", "candidates": [budget], "steps": rounds,
-                                      "budget_histogram": {budget: rounds}}
+            from sglang_ddtree.budget import fixed_budget_report
+
+            state["ddtree_budget"] = fixed_budget_report(ddtree_budget(self.args.speculative_num_draft_tokens),
+                                                         self.engine.stats["verify_rounds"])
         return state
 
 

@@ -94,6 +94,13 @@ def least_widest_budget(block_size: int) -> int:
     return -(-block_size // 2) - 1
 
 
+def fixed_budget_report(budget: int, rounds: int) -> dict:
+    """The ``ddtree_budget`` report (``/get_server_info``'s ``internal_states[i]``) of a server that verified one
+    fixed budget on each of its ``rounds`` tree rounds: ``policy``, ``candidates``, ``steps``, ``budget_histogram``."""
+    name = str(budget)
+    return {"policy": "fixed", "candidates": [name], "steps": rounds, "budget_histogram": {name: rounds}}
+
+
 def parse_budget_option(value: str | None, max_budget: int, block_size: int) -> tuple[int, ...] | None:
     """The candidates of a per-step budget choice named by :data:`BUDGET_ENV`, or None for a fixed budget.
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from ..budget import BUDGET_ENV, CHAIN, parse_budget_option, tree_prefix
+from ..budget import BUDGET_ENV, CHAIN, fixed_budget_report, parse_budget_option, tree_prefix
 from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, resolve_backend
 from ..verify import greedy_walk, sampling_walk
 from . import testing
@@ -290,9 +290,7 @@ class DDTreeWorker(DFlashWorkerV2):
         (``AutoBudget.stats``)."""
         auto = self._ddtree_auto
         if auto is None:
-            name = str(self.ddtree_budget)
-            return {"policy": "fixed", "candidates": [name], "steps": self._ddtree_rounds,
-                    "budget_histogram": {name: self._ddtree_rounds}}
+            return fixed_budget_report(self.ddtree_budget, self._ddtree_rounds)
         stats = auto.stats()
         return {"policy": "fixed" if auto.fixed else "auto", "candidates": list(stats["budget_histogram"]), **stats}
 
