@@ -26,6 +26,16 @@ core_venvs_present() {
 lint_venv_present() { [ -x .venv-lint/bin/ansible-lint ] && [ -x .venv-lint/bin/shellcheck ]; }
 if [ -e "$stamp" ] && core_venvs_present && lint_venv_present; then echo "setup-python: up to date ($stamp)"; exit 0; fi
 
+# A first set-up fills about 9 GB (.venv alone 6.8 GB: torch 2.14.1 is a CUDA build, the pair torchvision needs) and
+# pip unpacks beside it: refuse at once with the figures rather than fail minutes later with "No space left on device".
+need_gb=${SETUP_NEED_GB:-12}
+free_gb=$(df -P -BG . | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+if [ ! -x .venv/bin/python ] && [ "${free_gb:-0}" -lt "$need_gb" ]; then
+  echo "setup-python: only ${free_gb} GB free on $(df -P . | awk 'NR == 2 { print $6 }') for $PWD; a first set-up needs" \
+    "about $need_gb GB (the venvs, with torch's CUDA build): free some space (old clones, ~/.cache/pip, docker" \
+    "system prune) or set SETUP_NEED_GB to override" >&2
+  exit 1
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 base_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # The venv of each other release needs only .venv's site-packages path: they are made while .venv is filled.
