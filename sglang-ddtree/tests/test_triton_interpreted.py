@@ -61,6 +61,8 @@ CASES = [
     "glue/verify-prep",
     "glue/commit-plan",
     "glue/move-kv",
+    "warmup/widths",
+    "warmup/tp",
     "attention/reference",
     "attention/sglang",
     "attention/router",

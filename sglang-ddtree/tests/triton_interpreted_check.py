@@ -18,7 +18,7 @@ from sglang_ddtree._triton_vocab import topk_logprobs
 from sglang_ddtree.sglang import _triton_attention, _triton_glue
 from sglang_ddtree.sglang.commit import commit_plan
 from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
-from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32
+from sglang_ddtree.tree import build_tree, build_tree_from_topk, chain_tree, exact_topk, log_softmax_f32
 from sglang_ddtree.verify import greedy_walk
 
 torch.set_num_threads(1)
@@ -63,7 +63,8 @@ def glue_cases(gen, device="cpu"):
     """The decode round's glue kernels against their torch references (verify arrays + mask cells, commit plan),
     and the KV move kernel against gather-then-scatter, on trees whose paths leave the argmax chain."""
     ok_prep, ok_plan, detail = True, True, ""
-    for bsz, depth, vocab, budget in [(3, 7, 50, 8), (2, 15, 60, 16), (4, 7, 3, 20), (1, 3, 50, 4), (5, 5, 30, 31)]:
+    cases = [(3, 7, 50, 8), (2, 15, 60, 16), (4, 7, 3, 20), (1, 3, 50, 4), (5, 5, 30, 31), (35, 3, 40, 6)]
+    for bsz, depth, vocab, budget in cases:  # 35 requests: the mask offsets summed over three chunks of 16
         tree = build_tree((torch.randn(bsz, depth, vocab, generator=gen) * 3).to(device), budget, backend="torch")
         m = budget + 1
         prefix = torch.randint(0, 20, (bsz,), generator=gen).to(device)
@@ -111,6 +112,63 @@ def glue_cases(gen, device="cpu"):
         e[torch.tensor([4, 5, 6, 30], device=device)] = e[torch.tensor([5, 6, 7, 40], device=device)].clone()
     _triton_glue.move_kv(src, dst, ptrs, strides, tile=64)
     report("glue/move-kv", all(torch.equal(a, b) for a, b in zip(kv, expect, strict=True)))
+
+
+def _compiled_variants(kernels):
+    """Compiled variants of each JIT kernel (Triton's per-device caches), or None where this Triton keeps them
+    elsewhere (or the interpreter runs them)."""
+    counts = {}
+    for name, fn in kernels.items():
+        caches = getattr(fn, "device_caches", None)
+        if caches is not None:
+            counts[name] = sum(len(entry[0]) for entry in caches.values())
+        elif isinstance(getattr(fn, "cache", None), dict):
+            counts[name] = sum(len(entry) for entry in fn.cache.values())
+        else:
+            return None
+    return counts
+
+
+def warmup_cases(gen, device="cpu"):
+    """warmup.warm_round_kernels runs the whole glue for every candidate width (the chain, tree prefixes, the
+    widest tree; TP > 1 trees from candidate lists; with and without a mask buffer). On CUDA also: rounds at other
+    batch sizes and prefix lengths afterwards compile no new kernel variant."""
+    from sglang_ddtree import _triton_tree, _triton_vocab, _triton_walk
+    from sglang_ddtree.budget import CHAIN, tree_prefix
+    from sglang_ddtree.sglang.warmup import warm_round_kernels
+
+    dev = torch.device(device)
+    common = dict(device=dev, budget=16, depth=7, vocab_size=50, vocab_rows=64, index_dtype=torch.int32)
+    done = warm_round_kernels(candidates=[CHAIN, 4, 8, 16], logits_dtype=torch.bfloat16, **common)
+    report("warmup/widths", done["widths"] == [8, 5, 9, 17], done)
+    done = warm_round_kernels(candidates=[16], logits_dtype=torch.float32, tp_world=2, mask_dtype=torch.bool,
+                              move_kernel=False, **common)
+    report("warmup/tp", done["widths"] == [17], done)
+    kernels = {
+        "scan": _triton_vocab._vocab_scan, "select": _triton_vocab._vocab_select, "tree": _triton_tree._tree_kernel,
+        "walk": _triton_walk._walk_kernel, "prep": _triton_glue._verify_prep_kernel,
+        "plan": _triton_glue._commit_plan_kernel, "move": _triton_glue._move_kv_kernel,
+    }
+    warm_round_kernels(candidates=[CHAIN, 4, 8, 16], logits_dtype=torch.bfloat16, **common)
+    before = _compiled_variants(kernels)
+    if dev.type != "cuda" or before is None:
+        return
+    for bsz in (1, 7, 40):
+        wide = torch.randn(bsz * 7, 64, generator=gen).to(device=dev, dtype=torch.bfloat16)
+        tree = build_tree(wide[:, :50].view(bsz, 7, 50), 16, backend="triton")
+        for verified in (chain_tree(tree, backend="triton"), tree_prefix(tree, 4), tree_prefix(tree, 8), tree):
+            m = verified.budget + 1
+            prefix = torch.randint(1, 300, (bsz,), generator=gen).to(dev)
+            r2t = torch.arange(bsz * 512, dtype=torch.int32, device=dev).view(bsz, 512)
+            rows = torch.randperm(bsz, generator=gen).to(dev)
+            roots = torch.zeros((bsz, 16), dtype=torch.int64, device=dev)[:, 0]
+            total = mask_numel(int(prefix.sum()), bsz, m)
+            arrays = build_verify_arrays(verified, roots, prefix, int(prefix.sum()), r2t, rows,
+                                         torch.zeros(total, dtype=torch.uint8, device=dev), "triton")
+            index, length, bonus = greedy_walk(verified, torch.randint(0, 50, (bsz, m), device=dev), backend="triton")
+            commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix, "triton")
+    after = _compiled_variants(kernels)
+    report("warmup/covers-later-rounds", after == before, f"variants before {before}, after {after}")
 
 
 def attention_inputs(gen, prefixes, m, hq, hkv, d, dtype, device):
@@ -206,6 +264,7 @@ def main():
     if "--glue-device" in sys.argv:
         device = sys.argv[sys.argv.index("--glue-device") + 1]
         glue_cases(torch.Generator().manual_seed(0), device)
+        warmup_cases(torch.Generator().manual_seed(2), device)
         attention_cases(torch.Generator().manual_seed(1), device)
         return 0
     assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -261,6 +320,7 @@ def main():
             ok = ok and int(want[1].max()) >= 1
         report(f"walk/{name}", ok)
     glue_cases(gen)
+    warmup_cases(gen)
     attention_cases(gen)
 
 

@@ -463,3 +463,74 @@ def test_seeded_sampling_draws_every_node_as_sglangs_sampler_and_walks_those_tok
     assert all(torch.equal(x, y) for x, y in zip(again, got, strict=True))
     others = [worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(s))[2] for s in range(20)]
     assert len({tuple(o.tolist()) for o in others}) > 1  # the seed matters
+
+
+def _warm_worker(auto_candidates=None, mask_dtype=torch.uint8):
+    worker, backend = _worker(block_size=5, budget=8)
+    worker._ddtree_glue = "triton"
+    worker._ddtree_vocab_size = 40
+    worker._ddtree_tp_group = None
+    worker._ddtree_auto = None if auto_candidates is None else SimpleNamespace(candidates=tuple(auto_candidates))
+    worker.device = "cpu"
+    worker._target_worker.model_runner.model = SimpleNamespace(lm_head=_lm_head(vocab=48))
+    worker._target_worker.model_runner.attn_backend = backend
+    if mask_dtype is not None:
+        backend._verify_mask = SimpleNamespace(buffer=torch.zeros(4096, dtype=mask_dtype))
+    worker.model_runner = SimpleNamespace(
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((2, 8), dtype=torch.int32)),
+        token_to_kv_pool=StandInKVPool(torch.zeros(4, 2)),
+    )
+    return worker
+
+
+@pytest.mark.parametrize("auto, mask_dtype, candidates", [
+    (None, torch.uint8, [8]),
+    ((0, 4, 8), torch.bool, [0, 4, 8]),
+    (None, None, [8]),
+])
+def test_glue_warm_up_gets_the_rounds_shapes_and_dtypes(monkeypatch, auto, mask_dtype, candidates):
+    """After the graphs, the worker warms the glue for every width it may verify (the fixed budget, or each of
+    the auto budget's candidates) with the round's own dtypes: the lm_head's logits and padded rows, req_to_token's
+    locations, the backend's mask buffer (none: only the built mask), the move kernel only on a slot-major pool."""
+    from sglang_ddtree.sglang import warmup
+
+    seen = {}
+
+    def record(**kwargs):
+        seen.update(kwargs)
+        return {"widths": [c + 1 for c in kwargs["candidates"]], "seconds": 0.0}
+
+    monkeypatch.setattr(warmup, "warm_round_kernels", record)
+    worker = _warm_worker(auto, mask_dtype)
+    assert worker._ddtree_warm_glue() == {"widths": [c + 1 for c in candidates], "seconds": 0.0}
+    assert seen["candidates"] == candidates and seen["budget"] == 8 and seen["depth"] == 4
+    assert (seen["vocab_size"], seen["vocab_rows"], seen["logits_dtype"]) == (40, 48, torch.float32)
+    assert seen["index_dtype"] == torch.int32 and seen["mask_dtype"] == mask_dtype
+    assert seen["move_kernel"] is False and seen["tp_world"] == 1  # a CPU pool has no fused move table
+
+
+def test_glue_warm_up_failure_is_logged_and_serving_goes_on(caplog):
+    """Triton cannot launch on CPU tensors outside its interpreter: the warm-up's failure is a warning (the
+    kernels then compile at their first use, as without it), never an exception out of start-up."""
+    worker = _warm_worker()
+    with caplog.at_level("WARNING", logger="sglang_ddtree.sglang.worker"):
+        assert worker._ddtree_warm_glue() is None
+    assert "warm-up failed" in caplog.text and "compile at their first use" in caplog.text
+    worker._ddtree_glue = "torch"  # nothing to compile
+    assert worker._ddtree_warm_glue() is None
+
+
+def test_glue_warm_up_runs_the_round_pipeline_on_torch():
+    """warm_round_kernels on the torch glue runs the same steps (tree, candidate trees, verify arrays with and
+    without a mask buffer, walk, commit plan) for every candidate: its widths are each candidate's budget + 1."""
+    from sglang_ddtree.budget import CHAIN
+    from sglang_ddtree.sglang.warmup import warm_round_kernels
+
+    done = warm_round_kernels(device=torch.device("cpu"), budget=8, candidates=[CHAIN, 4, 8], depth=4,
+                              vocab_size=40, vocab_rows=48, logits_dtype=torch.float32, index_dtype=torch.int32,
+                              backend="torch")
+    assert done["widths"] == [5, 5, 9]
+    done = warm_round_kernels(device=torch.device("cpu"), budget=8, candidates=[8], depth=4, vocab_size=40,
+                              vocab_rows=48, logits_dtype=torch.float32, index_dtype=torch.int64, tp_world=4,
+                              mask_dtype=None, backend="torch")
+    assert done["widths"] == [9]

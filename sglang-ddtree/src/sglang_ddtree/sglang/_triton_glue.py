@@ -26,7 +26,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@triton.jit(do_not_specialize=["B", "N", "root_stride", "r2t_stride"])
+@triton.jit(do_not_specialize=["N", "root_stride", "r2t_stride"])
 def _verify_prep_kernel(
     tok_ptr,  # i64 [B, N] tree tokens
     depth_ptr,  # i64 [B, N]
@@ -39,7 +39,6 @@ def _verify_prep_kernel(
     pool_ptr,  # int [B] req_pool_indices
     r2t_ptr,  # int [R, L] req_to_token
     r2t_stride,
-    B,
     N,
     o_tokens,  # i64 [B*M]
     o_positions,  # i64 [B*M]
@@ -49,7 +48,6 @@ def _verify_prep_kernel(
     mask_ptr,  # u8 flat FULL_MASK buffer (unused unless WRITE_MASK)
     WRITE_MASK: tl.constexpr,
     NB: tl.constexpr,
-    BB: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     m = N + 1
@@ -83,9 +81,12 @@ def _verify_prep_kernel(
     tl.store(o_slots + base + i, slot, mask=inside)
     if WRITE_MASK:
         # request b's block starts after the blocks of requests 0..b-1: M * (their prefixes) + b * M * M cells
-        bb = tl.arange(0, BB)
-        prefixes = tl.load(prefix_ptr + bb, mask=bb < B, other=0).to(tl.int64)
-        start = m * tl.sum(tl.where(bb < b, prefixes, 0), axis=0) + b * m * m
+        # (summed 16 requests at a time: the batch size is no compile-time constant, so one variant serves all)
+        prior = b * 0
+        for first in range(0, b, 16):
+            bb = first + tl.arange(0, 16)
+            prior += tl.sum(tl.load(prefix_ptr + bb, mask=bb < b, other=0).to(tl.int64), axis=0)
+        start = m * prior + b * m * m
         cell = start + i[:, None] * (prefix + m) + prefix + i[None, :]
         tl.store(mask_ptr + cell, anc, mask=both)
 
@@ -129,7 +130,6 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
         req_pool_indices.contiguous(),
         req_to_token,
         req_to_token.stride(0),
-        bsz,
         budget,
         out["tokens"],
         out["positions"],
@@ -139,7 +139,6 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
         mask_arg,
         WRITE_MASK=write_mask,
         NB=max(16, _next_pow2(m)),
-        BB=max(16, _next_pow2(bsz)),
         num_warps=4,
     )
     out["custom_mask"] = custom_mask

@@ -23,7 +23,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches), ``_triton_glue.verify_prep`` (all
 verify arrays and the mask cells), the walk (one), ``_triton_glue.commit_plan`` (tokens, lengths, moves, rows)
-and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one). Everything that depends
+and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one), compiled at start-up for
+every width the server may verify (``warmup.py``, after the CUDA graphs). Everything that depends
 only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
 tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
 Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
@@ -191,12 +192,45 @@ class DDTreeWorker(DFlashWorkerV2):
         super().init_cuda_graphs()
         auto = self._ddtree_auto
         runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
-        if auto is None or runner is None:
-            return
-        from .auto_budget import capture_verify_widths, verify_width
+        if auto is not None and runner is not None:
+            from .auto_budget import capture_verify_widths, verify_width
 
-        widths = [verify_width(c, self.block_size) for c in auto.candidates]
-        self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths, auto.graphs)
+            widths = [verify_width(c, self.block_size) for c in auto.candidates]
+            self._ddtree_width_runners = capture_verify_widths(self.target_worker.model_runner, widths, auto.graphs)
+        self._ddtree_warm_glue()
+
+    def _ddtree_warm_glue(self) -> dict | None:
+        """Compile the round's Triton glue for every width this server may verify (``warmup.warm_round_kernels``),
+        so that no round stalls on a first-use compile; a failure is logged and leaves the kernels to compile at
+        their first use, as they would without the warm-up."""
+        if self._ddtree_glue != "triton":
+            return None
+        from .warmup import warm_round_kernels
+
+        candidates = list(self._ddtree_auto.candidates) if self._ddtree_auto is not None else [self.ddtree_budget]
+        lm_head = self._ddtree_lm_head()
+        try:
+            mask = self._ddtree_mask_buffer(1, 1, 2)
+            translated = getattr(self.model_runner, "kv_index_translator", None) is not None  # as _ddtree_commit_kv
+            done = warm_round_kernels(
+                device=torch.device(self.device),
+                budget=self.ddtree_budget,
+                candidates=candidates,
+                depth=self.block_size - 1,
+                vocab_size=int(self._ddtree_vocab_size or lm_head.weight.shape[0]),
+                vocab_rows=int(lm_head.weight.shape[0]),
+                logits_dtype=lm_head.weight.dtype,
+                index_dtype=self.model_runner.req_to_token_pool.req_to_token.dtype,
+                mask_dtype=None if mask is None else mask.dtype,
+                tp_world=int(getattr(self._ddtree_tp_group, "world_size", 1) or 1),
+                move_kernel=not translated and slot_move_table(self.model_runner.token_to_kv_pool) is not None,
+            )
+        except Exception as exc:  # the same kernels then compile at their first use, as before
+            logger.warning("DDTREE: the glue kernels' warm-up failed (%s: %s); they compile at their first use",
+                           type(exc).__name__, exc)
+            return None
+        logger.info("DDTREE: glue kernels compiled for verify widths %s in %.1f s", done["widths"], done["seconds"])
+        return done
 
     def _ddtree_select_width(self, width: int) -> None:
         if self._ddtree_width_runners:
