@@ -53,11 +53,11 @@ def test_the_lab_report_agrees(report):
 @pytest.mark.parametrize(
     ("path", "value", "expected"),
     [
-        # The disagreements measured on an earlier lab run: the halt's 0.65 s printed beside the role's two times
-        # (7.25 s apart), a downtime of 5.6 s beside rows 7.4 s apart.
-        ("training.0.halt.signalled_at", "2026-12-04T19:57:09.755609Z",
-         "training[ct200].halt elapsed_s = 0.65 s (the halt: first signal to every process gone (host clock)): "
-         "but signalled_at 2026-12-04T19:57:09.755609Z and ended_at"),
+        # The disagreements measured on an earlier lab run: the halt's duration printed beside the role's two times
+        # (here: the halt signalled when the role started), a downtime of 5.6 s beside rows 7.4 s apart.
+        ("training.0.halt.signalled_at", "2026-12-05T12:03:39.636007Z",
+         "training[ct200].halt elapsed_s = 0.951 s (the halt: first signal to every process gone (host clock)): "
+         "but signalled_at 2026-12-05T12:03:39.636007Z and ended_at"),
         ("inference.0.service.downtime_s", 5.6, "inference[pro6000].service downtime_s = 5.6 s"),
         ("inference.0.service.stop_s", 1.47, "inference[pro6000].service stop_s = 1.47 s"),
         ("inference.0.service.start_to_healthy_s", 4.35, "inference[pro6000].service start_to_healthy_s = 4.35 s"),
@@ -66,7 +66,7 @@ def test_the_lab_report_agrees(report):
         ("inference.0.service.first_healthy_at", None, "first_healthy_at=None are not both times"),
         ("training.0.halt.ended_at", "2026-12-04T19:57:10.000000Z", "ended_at 2026-12-04T19:57:10.000000Z is before"),
         ("phases.switch.finished_at", "2026-12-04T19:57:00.000000Z", "phase switch ends (2026-12-04T19:57:00.000000Z)"),
-        ("summary.downtime_s.pro6000", 5.33, "summary downtime_s of pro6000 = 5.33 s, but its service says 4.756"),
+        ("summary.downtime_s.pro6000", 5.33, "summary downtime_s of pro6000 = 5.33 s, but its service says 6.042"),
     ],
     ids=["halt-beside-role-times", "downtime", "stop", "start", "controller-view", "wall-time", "missing-endpoint",
          "end-before-start", "phase", "summary"],
@@ -101,7 +101,7 @@ def test_a_rollback_outage_is_checked_against_its_endpoints(report):
     svc = report["inference"][0]["service"]
     svc["rollback"] = {"performed": True, "healthy": True, "reason": "Apply the gate: failed", "gate": True,
                        "restored_from": "/var/lib/specdec-pivot/units/x.pre-pivot",
-                       "started_at": "2026-12-04T19:57:49.000000Z", "finished_at": "2026-12-04T19:57:55.505126Z",
+                       "started_at": "2026-12-05T12:04:07.000000Z", "finished_at": "2026-12-05T12:04:13.320341Z",
                        "outage_from": svc["stopped_at"], "outage_s": 19.0}
     assert f.pivot_report_disagreements(report) == []
     svc["rollback"]["outage_s"] = 6.0  # rollback start to end: not the outage
@@ -126,16 +126,16 @@ def test_each_duration_is_printed_beside_its_own_endpoints(report, span):
 def test_the_halt_and_the_role_are_two_durations_with_their_own_times(report):
     md = render(report)
     halt = report["training"][0]["halt"]
-    assert "0.65 s (first SIGTERM at 2026-12-04T19:57:11.051204Z, every process gone at 2026-12-04T19:57:11.701204Z; " \
+    assert "0.95 s (first SIGTERM at 2026-12-05T12:03:43.518801Z, every process gone at 2026-12-05T12:03:44.469365Z; " \
            "host clock)" in line_with(md, "the halt: first signal to every process gone")
     role = line_with(md, "the role, start to end")
-    assert f"6.85 s ({halt['started_at']} to {halt['finished_at']}, controller clock)" in role
+    assert f"9.32 s ({halt['started_at']} to {halt['finished_at']}, controller clock)" in role
 
 
 def test_wall_time_is_the_started_and_finished_rows(report):
     md = render(report)
     assert f"| started | {report['started_at']} |" in md and f"| finished | {report['finished_at']} |" in md
-    assert "1 min 8.1 s (started to finished, the two rows above; controller clock)" in line_with(md, "wall time")
+    assert "46 s (started to finished, the two rows above; controller clock)" in line_with(md, "wall time")
 
 
 def test_a_stand_in_server_is_called_one_from_its_own_answer(report):
@@ -243,3 +243,16 @@ def test_the_plugins_start_up_check_is_in_the_markdown(report, check, expected):
 def test_no_start_up_check_line_for_a_command_line_it_did_not_check(report):
     put(report, "inference.0.plan.args_check.startup_check", None)
     assert "start-up check on the new command line" not in render(report)
+
+
+def test_the_lab_run_states_its_budget_and_the_plugins_start_up_check(report):
+    """The lab run's report (a real pivot of the lab, 12-05) carries the budget the new server chose during the
+    baseline's prompts and the verdict of the plugin's own start-up check, and the Markdown says both."""
+    md = render(report)
+    budget = report["inference"][0]["service"]["baseline"]["after"]["budget"]
+    rounds = budget["steps"]
+    assert budget["histogram"] == {"16": rounds} and rounds > 0
+    assert f"(fixed): 16: {rounds} (100%) of {rounds} rounds." in line_with(md, "DDTREE's node budget")
+    check = report["inference"][0]["plan"]["args_check"]["startup_check"]
+    assert check["checked"] is False and check["ok"] is None  # the lab's SGLang venv has no torchvision
+    assert "**not decided on this host**" in line_with(md, "sglang-ddtree's own start-up check")
