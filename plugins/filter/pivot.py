@@ -27,7 +27,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.specdec.pivot.plugins.module_utils import _exec_start, _secrets, _systemd_unit
+from ansible_collections.specdec.pivot.plugins.module_utils import (
+    _exec_start,
+    _secrets,
+    _systemd_cmdline,
+    _systemd_unit,
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # systemd unit files
@@ -101,6 +106,58 @@ def systemd_unit_header(text: str) -> list[str]:
         if line[:1] in ("#", ";"):
             header.append(line)
     return header
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def systemd_unit_set_env(sections: Any, name: str, value: Any) -> list[dict[str, Any]]:
+    """``sections`` (``systemd_unit_parse``) with the variable ``name`` set to ``value`` in [Service]'s
+    ``Environment=`` lines, every other line kept as it is.
+
+    An ``Environment=`` line that is exactly ``name=value`` stays where it is (a second run changes nothing); every
+    other assignment of ``name`` is taken out of its line (a line left empty is dropped; the others are written
+    back word by word, quoted as systemd reads them); without such a line, ``Environment=name=value`` goes after
+    the last ``Environment=`` line of [Service], or at its end.
+    """
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        raise AnsibleFilterError(f"systemd_unit_set_env: name={name!r} is not an environment variable name")
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or any(c in str(value) for c in "\n\r\x00"):
+        raise AnsibleFilterError(f"systemd_unit_set_env: value={value!r} for {name} must be one line of text")
+    if not isinstance(sections, Sequence) or not any(
+        isinstance(s, Mapping) and s.get("name") == "Service" for s in sections
+    ):
+        raise AnsibleFilterError("systemd_unit_set_env: the unit has no [Service] section (systemd_unit_parse output)")
+    wanted = f"{name}={value}"
+    out: list[dict[str, Any]] = []
+    for section in sections:
+        if section.get("name") != "Service":
+            out.append(section)
+            continue
+        entries: list[dict[str, Any]] = []
+        kept_exact = False
+        last_env = -1
+        for entry in section.get("entries", []):
+            if entry.get("key") != "Environment":
+                entries.append(entry)
+                continue
+            words = _systemd_cmdline.split_command_line(str(entry.get("value", "")), separators=False)
+            others = [w for w in words if not w.startswith(name + "=")]
+            if len(others) == len(words):
+                entries.append(entry)
+            elif words == [wanted] and not kept_exact:
+                kept_exact = True
+                entries.append(entry)
+            elif others:
+                entries.append({"key": "Environment", "value": " ".join(map(_systemd_cmdline.quote_word, others))})
+            else:
+                continue
+            last_env = len(entries) - 1
+        if not kept_exact:
+            entries.insert(last_env + 1 if last_env >= 0 else len(entries),
+                           {"key": "Environment", "value": _systemd_cmdline.quote_word(wanted)})
+        out.append({**section, "entries": entries})
+    return out
 
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}\-]+$")
@@ -779,6 +836,7 @@ class FilterModule:
             "pivot_report_disagreements": pivot_report_disagreements,
             "systemd_unit_parse": systemd_unit_parse,
             "systemd_unit_header": systemd_unit_header,
+            "systemd_unit_set_env": systemd_unit_set_env,
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
             "sglang_ddtree_cli": sglang_ddtree_cli,

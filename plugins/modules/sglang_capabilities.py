@@ -490,6 +490,14 @@ unit:
       description: C(EnvironmentFile=) paths with C(ignore_errors).
       type: list
       elements: dict
+    environment_file_names:
+      description: The names the C(EnvironmentFile=) files set (they override C(Environment=)); names only.
+      type: list
+      elements: str
+    exec_env_names:
+      description: The names that C(env NAME=value) words of C(ExecStart) set (they override both); names only.
+      type: list
+      elements: str
     user:
       description: C(User=), empty for root.
       type: str
@@ -695,15 +703,20 @@ def unit_exec_start(module: AnsibleModule, info: dict) -> dict:
 
 
 def unit_environment(module: AnsibleModule, info: dict) -> dict:
-    """Environment=, then EnvironmentFile= contents (systemd: files override Environment=)."""
+    """Environment=, then EnvironmentFile= contents (systemd: files override Environment=). The names the files
+    set go into ``info["environment_file_names"]`` (names only: values may be secrets)."""
     env = dict(info["environment"])
+    from_files: set = set()
     for ef in info["environment_files"]:
         try:
             with open(ef["path"], encoding="utf-8") as fh:
-                env.update(_systemd_unit.parse_environment_file(fh.read()))
+                values = _systemd_unit.parse_environment_file(fh.read())
+            env.update(values)
+            from_files.update(values)
         except OSError as exc:
             if not ef["ignore_errors"]:
                 module.warn(f"cannot read EnvironmentFile {ef['path']} of unit {info['name']}: {exc}")
+    info["environment_file_names"] = sorted(from_files)
     return env
 
 
@@ -841,6 +854,7 @@ def main() -> None:
             )
             module.no_log_values.update(v for k, v in secrets.items() if _secrets.is_key(k) and len(v) >= 4)
             env.update(parsed["env_assignments"])
+            info["exec_env_names"] = sorted(parsed["env_assignments"])
             if p["unit_python"]:
                 python, source = p["unit_python"], "unit_python option"
                 if not _is_executable(python):

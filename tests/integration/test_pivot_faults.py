@@ -564,6 +564,39 @@ def test_a_budget_variable_in_the_unit_is_checked_in_preflight_before_anything_s
     assert "chosen per step by the server among 0, 4, 8, 16 (`SGLANG_DDTREE_BUDGET=auto` in the unit" in md
 
 
+def test_the_budget_policy_is_written_into_the_same_unit(lab, tmp_path) -> None:
+    # sglang_preflight_budget_policy writes Environment=SGLANG_DDTREE_BUDGET=<value> into the unit the pivot
+    # re-templates, in place of the unit's own assignment. A drop-in that sets the variable too would win over that
+    # line, so preflight refuses it, before anything stops. A second run changes nothing.
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "SGLANG_LAB_THREADS": "1", "SGLANG_DDTREE_BUDGET": "4"}
+    lk.reset("-e", json.dumps({"lab_sglang_environment": env}))
+    dropin = f"/etc/systemd/system/{lk.UNIT}.d/budget.conf"
+    body = "[Service]\\nEnvironment=SGLANG_DDTREE_BUDGET=8\\n"
+    lk.sh(lk.INFERENCE, f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '{body}' > {dropin} && systemctl daemon-reload")
+    try:
+        before = lk.state()
+        run = pivot(tmp_path / "dropin", "-e", "sglang_preflight_budget_policy=auto")
+        assert run.rc != 0
+        out = " ".join(run.out.split())
+        assert (f"but the drop-in {dropin} sets SGLANG_DDTREE_BUDGET too and would win over the unit's line. Remove it "
+                "there, or leave sglang_preflight_budget_policy empty") in out, run.tail()
+        assert_unchanged(before, lk.state())
+    finally:
+        lk.sh(lk.INFERENCE, f"rm -rf {dropin.rsplit('/', 1)[0]} && systemctl daemon-reload")
+    run = pivot(tmp_path / "auto", "-e", "sglang_preflight_budget_policy=auto")
+    assert run.rc == 0, run.tail()
+    unit = lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}")
+    assert "Environment=SGLANG_DDTREE_BUDGET=auto" in unit and "SGLANG_DDTREE_BUDGET=4" not in unit, unit
+    assert "Environment=PYTHONUNBUFFERED=1" in unit or "PYTHONUNBUFFERED=1" in unit  # the other variables stay
+    plan = run.report()["inference"][0]["plan"]
+    assert plan["budget_policy"] == "auto" and plan["budget_choice"]["candidates"] == [0, 4, 8, 16], plan
+    md = (run.report_dir / "pivot-report.md").read_text()
+    assert "`SGLANG_DDTREE_BUDGET=auto` written into the unit by this pivot (`sglang_preflight_budget_policy`)" in md
+    again = pivot(tmp_path / "again", "-e", "sglang_preflight_budget_policy=auto")
+    assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
+    assert lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}") == unit
+
+
 # ------------------------------------------------------------------------------------------------ secrets
 API_KEY, HF_TOKEN = "lab-secret-api-key-4242", "hf_lab_token_7777"
 ADMIN_KEY, DB_PASSWORD = "lab-admin-key-5353", "dbpw-lab-6161"  # --admin-api-key; a password inside DATABASE_URL

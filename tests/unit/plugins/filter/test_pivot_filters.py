@@ -95,6 +95,61 @@ def test_render_parse_is_a_fixed_point():
     assert shlex.split(execstart["value"]) == argv
 
 
+def _service_env_lines(sections) -> list[str]:
+    service = next(s for s in sections if s["name"] == "Service")
+    return [f"{e['key']}={e['value']}" for e in service["entries"] if e.get("key") == "Environment"]
+
+
+@pytest.mark.parametrize(
+    ("env_lines", "expected"),
+    [
+        # no assignment: a new line after the last Environment= line
+        (['Environment=CUDA_VISIBLE_DEVICES=0,1'],
+         ['Environment=CUDA_VISIBLE_DEVICES=0,1', 'Environment=SGLANG_DDTREE_BUDGET=auto']),
+        # the exact line stays where it is (a second run changes nothing)
+        (['Environment=SGLANG_DDTREE_BUDGET=auto', 'Environment=A=1'],
+         ['Environment=SGLANG_DDTREE_BUDGET=auto', 'Environment=A=1']),
+        # another value: taken out of its line (the line's other words kept, quoted), the new line at the end
+        (['Environment="HF_HOME=/data/hf cache" SGLANG_DDTREE_BUDGET=4', 'Environment=A=1'],
+         ['Environment="HF_HOME=/data/hf cache"', 'Environment=A=1', 'Environment=SGLANG_DDTREE_BUDGET=auto']),
+        # a line left empty is dropped; a later assignment (which would win) is removed too
+        (['Environment=SGLANG_DDTREE_BUDGET=4', 'Environment=SGLANG_DDTREE_BUDGET=auto',
+          'Environment=B=2 SGLANG_DDTREE_BUDGET=8'],
+         ['Environment=SGLANG_DDTREE_BUDGET=auto', 'Environment=B=2']),
+        # a name that only starts like it is another variable
+        (['Environment=SGLANG_DDTREE_BUDGET_X=1'],
+         ['Environment=SGLANG_DDTREE_BUDGET_X=1', 'Environment=SGLANG_DDTREE_BUDGET=auto']),
+        # no Environment= line at all: at the end of [Service]
+        ([], ['Environment=SGLANG_DDTREE_BUDGET=auto']),
+    ],
+    ids=["added", "kept-in-place", "replaced", "duplicates-removed", "prefix-name", "no-env-lines"],
+)
+def test_unit_set_env(env_lines, expected):
+    text = "[Unit]\nDescription=x\n\n[Service]\nUser=root\n" + "\n".join(env_lines) + \
+        "\nExecStart=/py -m srv\n; note\n\n[Install]\nWantedBy=multi-user.target\n"
+    sections = f.systemd_unit_parse(text)
+    got = f.systemd_unit_set_env(sections, "SGLANG_DDTREE_BUDGET", "auto")
+    assert _service_env_lines(got) == expected
+    assert got[0] == sections[0] and got[2] == sections[2]  # other sections untouched
+    keys = [e.get("key", e.get("comment")) for e in got[1]["entries"]]
+    assert keys[:1] == ["User"] and "ExecStart" in keys and "; note" in keys
+    # rendered and parsed again, then set again: nothing moves (idempotent)
+    rendered = render(got, ["/py", "-m", "srv"])
+    again = f.systemd_unit_set_env(f.systemd_unit_parse(rendered), "SGLANG_DDTREE_BUDGET", "auto")
+    assert _service_env_lines(again) == expected
+
+
+def test_unit_set_env_quotes_a_value_with_spaces_and_refuses_bad_input():
+    sections = f.systemd_unit_parse("[Service]\nExecStart=/py\n")
+    assert _service_env_lines(f.systemd_unit_set_env(sections, "X", "a b")) == ['Environment="X=a b"']
+    for args, word in [(("1X", "v"), "not an environment variable name"), (("X", "a\nb"), "one line of text"),
+                       (("X", True), "one line of text")]:
+        with pytest.raises(AnsibleFilterError, match=word):
+            f.systemd_unit_set_env(sections, *args)
+    with pytest.raises(AnsibleFilterError, match="no \\[Service\\] section"):
+        f.systemd_unit_set_env(f.systemd_unit_parse("[Unit]\nA=1\n"), "X", "v")
+
+
 @pytest.mark.parametrize(
     ("argv", "lines"),
     [
@@ -305,6 +360,7 @@ def test_filters_are_registered():
         "pivot_report_disagreements",
         "systemd_unit_parse",
         "systemd_unit_header",
+        "systemd_unit_set_env",
         "systemd_exec_lines",
         "dflash_drafter_check",
         "sglang_ddtree_cli",

@@ -596,3 +596,20 @@ def test_plugin_checks_server_args_with_the_wheel_visible(tmp_path, wheel):
     assert pct["plugin_checks"]["server_args"]["checked"] is False
     assert "$VAR or %" in pct["plugin_checks"]["server_args"]["reason"]
     assert "sglang" not in pct["plugin_checks"] and "drafter" not in pct["plugin_checks"]  # not asked for
+
+
+def test_the_names_set_outside_environment_lines_are_reported(tmp_path, unit_env, unit_nextn):
+    """EnvironmentFile= and env words of ExecStart override the unit's Environment= lines: the result names what
+    they set (names only), so that the role can refuse to write a variable they would override."""
+    from ansible_collections.specdec.pivot.plugins.modules import sglang_capabilities as mod
+
+    assert unit_env["unit"]["exec_env_names"] == ["SGLANG_PLUGINS"]
+    assert unit_nextn["unit"]["exec_env_names"] == [] and unit_nextn["unit"]["environment_file_names"] == []
+    (tmp_path / "env").write_text("# note\nSGLANG_DDTREE_BUDGET=4\nexport HF_TOKEN='secret value'\n")
+    warned = []
+    info = {"name": "u.service", "environment": {"A": "1", "SGLANG_DDTREE_BUDGET": "auto"},
+            "environment_files": [{"path": str(tmp_path / "env"), "ignore_errors": False},
+                                  {"path": str(tmp_path / "missing"), "ignore_errors": True}]}
+    env = mod.unit_environment(type("M", (), {"warn": lambda self, m: warned.append(m)})(), info)
+    assert env == {"A": "1", "SGLANG_DDTREE_BUDGET": "4", "HF_TOKEN": "secret value"}  # the file wins
+    assert info["environment_file_names"] == ["HF_TOKEN", "SGLANG_DDTREE_BUDGET"] and warned == []
