@@ -14,7 +14,8 @@
 # measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
 # process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
-# glue-check (the fused glue kernels compiled on the GPU against their torch references), cost-8b, cost-hybrid,
+# glue-check (the fused glue kernels compiled on the GPU against their torch references; the start-up warm-up, and
+# that rounds after it compile no new variant), cost-8b, cost-hybrid,
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
 # shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
