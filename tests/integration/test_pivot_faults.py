@@ -595,6 +595,24 @@ def test_the_budget_policy_is_written_into_the_same_unit(lab, tmp_path) -> None:
     again = pivot(tmp_path / "again", "-e", "sglang_preflight_budget_policy=auto")
     assert again.rc == 0 and again.recap[lk.INFERENCE]["changed"] == 0, again.tail()
     assert lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}") == unit
+    # An earlier run that wrote the unit but was stopped before the restart: the unit already says auto, the server
+    # still runs with another value (read from its /proc/PID/environ), so the pivot restarts it.
+    set_budget = "sed -i 's/SGLANG_DDTREE_BUDGET=[a-z0-9,]*/SGLANG_DDTREE_BUDGET={}/' " + lk.UNIT_PATH
+    lk.sh(lk.INFERENCE, f"{set_budget.format(8)} && systemctl daemon-reload && systemctl restart {lk.UNIT}")
+    lk.wait_for(lk.healthy, 120, "the server restarted with SGLANG_DDTREE_BUDGET=8")
+    lk.sh(lk.INFERENCE, f"{set_budget.format('auto')} && systemctl daemon-reload")
+    assert lk.sh(lk.INFERENCE, f"cat {lk.UNIT_PATH}") == unit
+
+    def running_budget() -> str:
+        pid = lk.unit_show("MainPID")["MainPID"]
+        environ = lk.sh(lk.INFERENCE, f"tr '\\0' '\\n' < /proc/{pid}/environ")
+        return next((v.split("=", 1)[1] for v in environ.splitlines() if v.startswith("SGLANG_DDTREE_BUDGET=")), "")
+
+    assert running_budget() == "8"
+    resumed = pivot(tmp_path / "resumed", "-e", "sglang_preflight_budget_policy=auto")
+    assert resumed.rc == 0, resumed.tail()
+    assert resumed.report()["inference"][0]["plan"]["needs_restart"] is True
+    assert running_budget() == "auto" and lk.healthy()
 
 
 # ------------------------------------------------------------------------------------------------ secrets
