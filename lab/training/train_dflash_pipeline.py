@@ -113,6 +113,10 @@ def run_worker(args: argparse.Namespace) -> int:
 
     def on_term(signum: int, _frame: object) -> None:
         stop["signal"] = signum
+        # A shutdown is under way: the same signal again (the launcher forwards what systemd already sent the whole
+        # cgroup) must not kill the worker while it checkpoints or during interpreter teardown, where Python has
+        # put the default handler back (exit -15, and the supervisor unit would end "failed").
+        signal.signal(signum, signal.SIG_IGN)
 
     if rank == args.ignore_sigterm_rank:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -171,6 +175,7 @@ def run_launcher(args: argparse.Namespace, argv: list[str]) -> int:
     def on_term(signum: int, _frame: object) -> None:
         if got["signal"] is None:
             got["signal"] = signum
+        signal.signal(signum, signal.SIG_IGN)  # as the workers: a repeated signal must not kill the shutdown
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -118,6 +118,28 @@ def test_training_job_checkpoints_on_sigterm_and_resumes(tmp_path: Path, job_cle
     assert proc2.wait(timeout=30) == 0
 
 
+def test_training_job_stops_cleanly_when_every_process_gets_sigterm_again_and_again(
+    tmp_path: Path, job_cleanup
+) -> None:
+    # systemd's KillMode=control-group sends SIGTERM to the launcher and every worker at once, and the launcher
+    # forwards it again: a worker that gets the signal a second time while it checkpoints or tears down must still
+    # exit 0 (else the launcher exits 1 and a supervisor unit ends "failed": seen in CI on 12-05).
+    proc, log, _unused = start_job(tmp_path)
+    job_cleanup.append(proc)
+    workers = wait_for(lambda: host_children(proc.pid) if len(host_children(proc.pid)) == 2 else None, 20, "workers")
+    wait_for(lambda: len(host_steps(log)) >= 2, 30, "step lines")
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        for pid in (proc.pid, *workers):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.002)
+    assert proc.wait(timeout=30) == 0, log.read_text()[-1500:]
+    assert "workers exited: [0, 0]" in log.read_text()
+
+
 def test_training_job_worker_ignoring_sigterm_needs_sigkill(tmp_path: Path, job_cleanup) -> None:
     proc, log, _unused = start_job(tmp_path, "--ignore-sigterm-rank", "1", "--stop-timeout", "600")
     job_cleanup.append(proc)
