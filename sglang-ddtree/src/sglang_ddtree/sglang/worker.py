@@ -114,8 +114,8 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_tp_group: Any = None
     _ddtree_vocab_size: int | None = None
     _ddtree_prepare_kwargs: dict | None = None
-    _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None  # resolved at the first commit (the pool
-    _ddtree_move_table_resolved = False  # is allocated after the workers are built)
+    _ddtree_move_table: tuple[torch.Tensor, torch.Tensor] | None = None  # resolved at the warm-up or the first
+    _ddtree_move_table_resolved = False  # commit (the pool is allocated after the workers are built)
     _ddtree_track_interval_value: int | None = None
     _ddtree_auto: Any = None  # auto_budget.AutoBudget when SGLANG_DDTREE_BUDGET chooses the budget per step
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
@@ -211,7 +211,6 @@ class DDTreeWorker(DFlashWorkerV2):
         lm_head = self._ddtree_lm_head()
         try:
             mask = self._ddtree_mask_buffer(1, 1, 2)
-            translated = getattr(self.model_runner, "kv_index_translator", None) is not None  # as _ddtree_commit_kv
             done = warm_round_kernels(
                 device=torch.device(self.device),
                 budget=self.ddtree_budget,
@@ -223,7 +222,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 index_dtype=self.model_runner.req_to_token_pool.req_to_token.dtype,
                 mask_dtype=None if mask is None else mask.dtype,
                 tp_world=int(getattr(self._ddtree_tp_group, "world_size", 1) or 1),
-                move_kernel=not translated and slot_move_table(self.model_runner.token_to_kv_pool) is not None,
+                move_kernel=self._ddtree_fused_move_table(self.model_runner.token_to_kv_pool) is not None,
             )
         except Exception as exc:  # the same kernels then compile at their first use, as before
             logger.warning("DDTREE: the glue kernels' warm-up failed (%s: %s); they compile at their first use",
@@ -409,10 +408,9 @@ class DDTreeWorker(DFlashWorkerV2):
         uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
         return sampling_walk(tree, probs, uniforms)
 
-    def _ddtree_commit_kv(self, kv_pool, plan) -> None:
-        """Apply the plan's KV moves: the fused kernel on a slot-major pool (requests whose path followed the chain
-        cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
-        0 -> 0)."""
+    def _ddtree_fused_move_table(self, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffer table of the fused move kernel on ``kv_pool`` (``slot_move_table``), or None when moves go
+        through the pool's own ``move_kv_cache``; resolved once, at the glue's warm-up or the first commit."""
         if not self._ddtree_move_table_resolved:
             # The fused kernel indexes the buffers with the verify's locations as they are: not where SGLang
             # translates virtual KV locations to physical ones (0.5.23's unified pools); the pool's own move does.
@@ -420,10 +418,17 @@ class DDTreeWorker(DFlashWorkerV2):
             fused = self._ddtree_glue == "triton" and not translated
             self._ddtree_move_table = slot_move_table(kv_pool) if fused else None
             self._ddtree_move_table_resolved = True
-        if self._ddtree_move_table is not None:
+        return self._ddtree_move_table
+
+    def _ddtree_commit_kv(self, kv_pool, plan) -> None:
+        """Apply the plan's KV moves: the fused kernel on a slot-major pool (requests whose path followed the chain
+        cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
+        0 -> 0)."""
+        table = self._ddtree_fused_move_table(kv_pool)
+        if table is not None:
             from ._triton_glue import move_kv
 
-            move_kv(plan.move_src, plan.move_dst, *self._ddtree_move_table)
+            move_kv(plan.move_src, plan.move_dst, *table)
             return
         zero = torch.zeros_like(plan.move_src)
         kv_pool.move_kv_cache(torch.where(plan.move_dst >= 0, plan.move_dst, zero).reshape(-1),
