@@ -11,7 +11,7 @@ SPEC = importlib.util.spec_from_file_location("wait_healthy", REPO / "roles/sgla
 wait_healthy = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(wait_healthy)
 
-NEED, DUMMY, GRAPH = wait_healthy.HOOK_TARGETS
+NEED, DUMMY, GRAPH, ROWS = wait_healthy.HOOK_TARGETS
 
 
 def test_the_hook_targets_are_the_plugins_own():
@@ -25,6 +25,7 @@ def test_recorded_lab_start():
     log = wait_healthy.ddtree_log((FIXTURES / "lab-ddtree-start.txt").read_text().splitlines())
     assert log["registered"] is True
     assert log["hooks"][DUMMY] == "applied"
+    assert log["hooks"][ROWS] == "not in the log"  # recorded before the plugin hooked the row headroom (12-05)
     # the plugin's warning spans two journal lines (the ImportError's message ends in a newline): read as one record
     for target in (NEED, GRAPH):
         assert log["hooks"][target].startswith("not installed: ImportError: AutoImageProcessor requires the Torch")
@@ -38,12 +39,12 @@ def test_gpu_server_start_constructed_from_the_format_strings():
         "[2026-12-04 10:00:00] INFO sglang.srt.plugins: Loaded plugin ddtree from group sglang.srt.plugins",
         "INFO sglang_ddtree: sglang-ddtree: registered speculative algorithm DDTREE (sglang 0.5.23)",
         *[f"[2026-12-04 10:00:00] INFO sglang.srt.plugins.hook_registry: Applied 1 hook(s) to {t} "
-          "(from: plugin=ddtree, dist=sglang-ddtree)" for t in (NEED, DUMMY, GRAPH)],
+          "(from: plugin=ddtree, dist=sglang-ddtree)" for t in (NEED, DUMMY, GRAPH, ROWS)],
         "[2026-12-04 10:00:09] INFO sglang_ddtree.sglang.worker: DDTREE worker: budget=16, block_size=16, glue=triton",
     ]  # fmt: skip
     log = wait_healthy.ddtree_log(lines)
     assert log["registered"] is True
-    assert log["hooks"] == {NEED: "applied", DUMMY: "applied", GRAPH: "applied"}
+    assert log["hooks"] == {NEED: "applied", DUMMY: "applied", GRAPH: "applied", ROWS: "applied"}
     assert log["worker"].endswith("DDTREE worker: budget=16, block_size=16, glue=triton")
 
 

@@ -54,6 +54,7 @@ HOOK_TARGETS = (
     "sglang.srt.speculative.spec_utils.spec_need_hidden_states",
     "sglang.srt.speculative.spec_info.create_dummy_verify_input",
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info",
+    "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
 )
 APPLIED_RE = re.compile(r"Applied \d+ hook\(s\) to (\S+) \(from: ([^)]*)\)")
 NOT_INSTALLED_RE = re.compile(r"sglang-ddtree: hook on (\S+) not installed \((.*?)\); DDTREE needs it to serve", re.S)

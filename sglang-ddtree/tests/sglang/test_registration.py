@@ -310,5 +310,6 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
     with caplog.at_level("WARNING", logger=hooks.__name__):
         registered = hooks.register_hooks()
     assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO,
-                                      hooks.TRITON_BACKEND_INIT, hooks.SCHEDULER_INTERNAL_STATE]
+                                      hooks.TRITON_BACKEND_INIT, hooks.SCHEDULER_INTERNAL_STATE,
+                                      hooks.REQ_TO_TOKEN_EXTRA]
     assert [r.getMessage() for r in caplog.records if bogus in r.getMessage() and "needs it to serve" in r.getMessage()]

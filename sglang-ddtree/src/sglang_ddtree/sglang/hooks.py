@@ -15,6 +15,9 @@ every other algorithm) behaves exactly as without the plugin.
 * ``TritonAttnBackend.__init__`` (optional: without it DDTREE is as correct and slower): a target runner's Triton
   backend routes its tree-masked verify attention to the plugin's kernel (verify_attention.py), before the
   target's verify graphs are captured.
+* ``allocation_sizing.get_req_to_token_extra_context_len``: the ``req_to_token`` rows of a DDTREE server get room
+  for the decode's reservation of two verify widths ahead of a request (``kv_rows.py``: SGLang's rows are one
+  width narrower, so a request near the context limit would write into the next request's row).
 * ``Scheduler.get_internal_state`` (optional: without it only the budget report is missing): on a DDTREE server,
   ``/get_server_info``'s ``internal_states[i]`` gain ``ddtree_budget``, the worker's budget policy and how many
   tree rounds verified each budget so far (``DDTreeWorker.ddtree_budget_state``), as SGLang's own DSpark adds its
@@ -37,23 +40,30 @@ CREATE_DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verif
 GRAPH_GET_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 TRITON_BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 SCHEDULER_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+REQ_TO_TOKEN_EXTRA = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
 #: the hooks DDTREE cannot serve without (check-sglang reports each of them)
-REQUIRED = (SPEC_NEED_HIDDEN_STATES, CREATE_DUMMY_VERIFY_INPUT, GRAPH_GET_SPEC_INFO)
+REQUIRED = (SPEC_NEED_HIDDEN_STATES, CREATE_DUMMY_VERIFY_INPUT, GRAPH_GET_SPEC_INFO, REQ_TO_TOKEN_EXTRA)
 
-__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "REQUIRED", "SCHEDULER_INTERNAL_STATE",
-           "SPEC_NEED_HIDDEN_STATES", "TRITON_BACKEND_INIT", "register_hooks"]
+__all__ = ["CREATE_DUMMY_VERIFY_INPUT", "GRAPH_GET_SPEC_INFO", "REQUIRED", "REQ_TO_TOKEN_EXTRA",
+           "SCHEDULER_INTERNAL_STATE", "SPEC_NEED_HIDDEN_STATES", "TRITON_BACKEND_INIT", "register_hooks"]
 
 
-def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
+def _configured(args: tuple, kwargs: dict, name: str = "speculative_algorithm") -> Any:
+    """A speculative server-arg field as the hooked function sees it: from the ``server_args`` it was given
+    (0.5.17), else from SGLang's published spec bag (0.5.18+); None when neither has it."""
     server_args = kwargs.get("server_args", args[0] if args else None)
-    if server_args is not None and hasattr(server_args, "speculative_algorithm"):
-        return server_args.speculative_algorithm
+    if server_args is not None and hasattr(server_args, name):
+        return getattr(server_args, name)
     try:
         from sglang.srt.runtime_context import get_spec
 
-        return get_spec().speculative_algorithm
+        return getattr(get_spec(), name)
     except Exception:
         return None
+
+
+def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
+    return _configured(args, kwargs)
 
 
 def spec_need_hidden_states_hook(original, *args: Any, **kwargs: Any) -> bool:
@@ -118,6 +128,19 @@ def triton_backend_init_hook(original, backend, *args: Any, **kwargs: Any):
     return result
 
 
+def req_to_token_extra_hook(original, *args: Any, **kwargs: Any) -> int:
+    """SGLang's row headroom, widened on a DDTREE server to hold two verify widths (``kv_rows.py``)."""
+    from .kv_rows import required_row_headroom
+    from .server_args import ALGORITHM_NAME
+
+    extra = original(*args, **kwargs)
+    name = _configured_algorithm_name(args, kwargs)
+    width = _configured(args, kwargs, "speculative_num_draft_tokens")
+    if name is None or str(name).upper() != ALGORITHM_NAME or not width:
+        return extra
+    return max(int(extra), required_row_headroom(int(width)))
+
+
 def scheduler_internal_state_hook(original, scheduler, *args: Any, **kwargs: Any):
     """SGLang's internal state (``GetInternalStateReqOutput``), with ``ddtree_budget`` added to its dict when the
     scheduler's speculative worker is DDTREE's. Every other server's answer is SGLang's, untouched."""
@@ -172,6 +195,7 @@ def register_hooks() -> list[str]:
         (GRAPH_GET_SPEC_INFO, graph_get_spec_info_hook),
         (TRITON_BACKEND_INIT, triton_backend_init_hook),
         (SCHEDULER_INTERNAL_STATE, scheduler_internal_state_hook),
+        (REQ_TO_TOKEN_EXTRA, req_to_token_extra_hook),
     ):
         if hook.__name__.removesuffix("_hook") in skip:
             logger.warning("sglang-ddtree: TEST: hook on %s left out (SGLANG_DDTREE_TEST_SKIP_HOOKS)", target)

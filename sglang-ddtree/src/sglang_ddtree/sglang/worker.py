@@ -184,6 +184,24 @@ class DDTreeWorker(DFlashWorkerV2):
 
         self._ddtree_auto = AutoBudget(candidates, block_size, torch.device(self.device), self._ddtree_tp_group)
 
+    def alloc_memory_pool(self, *args: Any, **kwargs: Any):
+        """DFLASH's, then a refusal when the target's ``req_to_token`` rows cannot hold DDTREE's reservation near
+        the context limit (``kv_rows.py``; the plugin's hook widens them, so this fails only without it)."""
+        result = super().alloc_memory_pool(*args, **kwargs)
+        pool = kwargs.get("req_to_token_pool") or getattr(self.target_worker.model_runner, "req_to_token_pool", None)
+        table = getattr(pool, "req_to_token", None)
+        if table is not None:
+            from .kv_rows import row_width_problem
+
+            context_len = int(self.target_worker.model_runner.model_config.context_len)
+            problem = row_width_problem(int(table.shape[1]), context_len, self.ddtree_num_nodes)
+            if problem:
+                from .hooks import REQ_TO_TOKEN_EXTRA
+
+                raise RuntimeError(f"DDTREE: {problem}. The plugin's hook on {REQ_TO_TOKEN_EXTRA} widens them; check "
+                                   "the server log for why it was not applied")
+        return result
+
     def init_cuda_graphs(self):
         """DFLASH's drafter graphs, then (auto budget) the target's verify graphs of every other candidate width.
 
