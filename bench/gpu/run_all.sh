@@ -20,6 +20,8 @@
 # shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
+# cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
+# ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
 # SKIP="core-bench hybrid" leaves steps out. With OUT set (the lent GPU host), the results and logs of STATE (not the
 # models) are packed into $OUT/run_all-state.tgz at the end of every call.
@@ -123,6 +125,9 @@ run_step() {
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
+    cost-pair) step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
+        --label trained-pair --contexts 128 --batches 1,8 --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
+        --repeats 3 ;;
     http-semantics) step http-semantics python3 bench/gpu/http_semantics.py --models "$S/models" --work "$STATE/http-semantics" --budget "${HTTP_BUDGET:-16}" ;;
     *) echo "unknown step $1" >&2; return 2 ;;
   esac
