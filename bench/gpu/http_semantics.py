@@ -47,9 +47,18 @@ Both servers run at the same time (started one after the other, ``--mem-fraction
 counts the first's memory as used when the second starts);
 ``--server-module sglang_lab_server`` runs the LAB STAND-IN instead (the CPU test; it parses the same flags).
 
+A server that stops answering (its process exited, or ``/health`` does not answer 200: refused, reset, timed out,
+5xx) is looked for after every row (``Guard``): that row is "failed" with "<server> server crashed" and the last
+meaningful lines of its log (``crash_excerpt``: the exception line of the last traceback, then the log's last
+line); the server is restarted (same command and port, healthy within --start-timeout) and the run goes on with
+the next row, whose detail says "<server> after restart N". After --max-restarts restarts of one server (3), or a
+restart that fails, every remaining row is "failed" with "server down: ..." and sends nothing. The Markdown's
+summary lines and the JSON's top-level ``restarts`` count the crashes and restarts per server.
+
 The pure parts (HTTP client, catalogue, classification, near-tie accounting, logprob tolerance, KV parsing, the
-table) are tested on the CPU: tests/unit/bench/test_http_semantics.py, which also runs them over real HTTP against
-the LAB STAND-IN server (lab/sglang_lab_server) started twice.
+table, crash handling) are tested on the CPU: tests/unit/bench/test_http_semantics.py, which also runs them over
+real HTTP against the LAB STAND-IN server (lab/sglang_lab_server) started twice, and again with its DDTREE side
+crashing twice mid-catalogue.
 """
 
 from __future__ import annotations
@@ -88,6 +97,8 @@ VERDICTS = (SAME, DIFFERS, CLEAR_400, UNSUPPORTED, FAILED)
 GENERATE = "/generate"
 CHAT = "/v1/chat/completions"
 NEW_TOKENS = 24
+AFTER_FEATURE = "after the concurrent run: /health 200, KV pool back to idle"
+PROBE_FEATURE = "pivot generation probe + generation_compare (role defaults' prompts)"
 
 
 # ------------------------------------------------------------------------------------------------ HTTP client
@@ -679,7 +690,7 @@ def wait_idle(url: str, idle: int, deadline_s: float) -> tuple[int | None, float
 
 def after_row(name: str, health: dict[str, int | None], kv: dict[str, tuple[int | None, int | None, str]]) -> Row:
     """/health and the KV pool after the concurrent run; ``kv[server] = (idle before, after, source)``."""
-    row = Row("after the concurrent run: /health 200, KV pool back to idle", name, FAILED, "")
+    row = Row(AFTER_FEATURE, name, FAILED, "")
     parts, unsupported = [], []
     ok = True
     for server in ("DDTREE", "none"):
@@ -771,7 +782,7 @@ def probe_row(before: dict, after: dict, comparison: dict | None, margin_at: Cal
               tie_threshold: float = 1.0) -> Row:
     """The pivot's generation probe against both servers and the role's comparison (generation_compare, gate
     limits max_disagreements 0): same when every prompt agrees or diverges first at a bf16 near-tie."""
-    row = Row("pivot generation probe + generation_compare (role defaults' prompts)", GENERATE, FAILED, "")
+    row = Row(PROBE_FEATURE, GENERATE, FAILED, "")
     if not before.get("ok") or not after.get("ok") or comparison is None:
         row.detail = f"probe none: {before.get('error') or 'ok'}; probe DDTREE: {after.get('error') or 'ok'}"
         return row
@@ -802,6 +813,9 @@ def render(rows: list[Row], meta: dict) -> str:
     for key in ("sglang", "models", "budget", "servers", "tie_margin", "logprob_tol"):
         if key in meta:
             lines.append(f"- {key}: {meta[key]}")
+    for name, n in (meta.get("restarts") or {}).items():
+        lines.append(f"- server {name}: {n['crashes']} crash(es), {n['restarts']} restart(s)"
+                     + (f"; down from then on: {n['down']}" if n.get("down") else ""))
     counts = {v: sum(1 for r in rows if r.verdict == v) for v in VERDICTS}
     lines += ["- rows: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n), "",
               "| feature | endpoint | DDTREE vs none verdict | detail |", "|---|---|---|---|"]
@@ -819,9 +833,16 @@ def exit_status(rows: list[Row]) -> int:
 def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: str, context_length: int,
                 processor: str | None, timeout: float = 120.0, tie_threshold: float = 1.0,
                 logprob_tol: float = 0.1, concurrency: int = 64, probe: bool = True,
-                log: Callable[[str], None] = print, vocab: int = 1005) -> list[Row]:
-    """Every row, against two running servers (the baseline ``base_url`` without speculation, ``cand_url``)."""
+                log: Callable[[str], None] = print, vocab: int = 1005, guard: Guard | None = None) -> list[Row]:
+    """Every row, against two running servers (the baseline ``base_url`` without speculation, ``cand_url``);
+    ``guard`` looks for a crashed server after each row and restarts it (``Guard``)."""
+    guard = guard or Guard({})
     rows: list[Row] = []
+
+    def add(row: Row, measured: bool = True) -> None:
+        rows.append(guard.check(row) if measured else row)
+        log(f"{row.endpoint} {row.feature}: {row.verdict} ({row.detail})")
+
     plain_body = _generate(prompt, ignore_eos=True)
     plain_reply = request(base_url + GENERATE, plain_body, timeout)
     if plain_reply.status != 200 or not output_ids(GENERATE, plain_reply.data):
@@ -845,6 +866,9 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
         rows.append(Row("custom logit processor", GENERATE, FAILED,  # not measured: the run must say so
                         "not sent: sglang is not importable by this client, so the processor cannot be serialized"))
     for case in cases:
+        if down := guard.down():
+            add(Row(case.feature, case.endpoint, FAILED, down), measured=False)
+            continue
         base = request(base_url + case.endpoint, case.body, timeout)
         cand = request(cand_url + case.endpoint, case.body, timeout)
 
@@ -857,35 +881,48 @@ def compare_all(base_url: str, cand_url: str, prompt: list[int], chat_content: s
                            plain=plain if case.endpoint == GENERATE else (chat_ids[0] if chat_ids else None))
         except Exception as exc:  # an answer of a shape classify does not know: the row says so
             row = Row(case.feature, case.endpoint, FAILED, f"classify raised {type(exc).__name__}: {exc}")
-        log(f"{row.endpoint} {row.feature}: {row.verdict} ({row.detail})")
-        rows.append(row)
+        add(row)
 
     # concurrency, then /health and the KV pool
-    idle = {}
-    for name, url in (("DDTREE", cand_url), ("none", base_url)):
-        request(url + "/flush_cache", {}, 30)
-        idle[name] = used_tokens(url)
-    prompts = [[(t * (k + 3) + k) % (vocab - 5) + 5 for t in prompt] for k in range(8)]  # ids 0-4: specials
-    plan = concurrent_plan(prompts, concurrency)
-    results = {name: run_concurrent(url, plan, timeout) for name, url in (("DDTREE", cand_url), ("none", base_url))}
-    rows.append(concurrency_row(results["none"], results["DDTREE"]))
-    log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
-    health, kv = {}, {}
-    for name, url in (("DDTREE", cand_url), ("none", base_url)):
-        health[name] = request(url + "/health", timeout=30).status
-        before, source = idle[name]
-        after, _waited = wait_idle(url, before, 60) if before is not None else (None, 0.0)
-        kv[name] = (before, after, source if before is not None else source[:120])
-    rows.append(after_row(GENERATE, health, kv))
-    log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
+    idle, restarts = {}, dict(guard.restarts)
 
-    if probe:
+    def concurrent() -> Row:
+        for name, url in (("DDTREE", cand_url), ("none", base_url)):
+            request(url + "/flush_cache", {}, 30)
+            idle[name] = used_tokens(url)
+        prompts = [[(t * (k + 3) + k) % (vocab - 5) + 5 for t in prompt] for k in range(8)]  # ids 0-4: specials
+        plan = concurrent_plan(prompts, concurrency)
+        results = {name: run_concurrent(url, plan, timeout) for name, url in (("DDTREE", cand_url), ("none", base_url))}
+        return concurrency_row(results["none"], results["DDTREE"])
+
+    def after_run() -> Row:
+        if guard.restarts != restarts:  # the idle values are the crashed server's
+            return Row(AFTER_FEATURE, GENERATE, FAILED, "not measured: a server crashed in the concurrent run")
+        health, kv = {}, {}
+        for name, url in (("DDTREE", cand_url), ("none", base_url)):
+            health[name] = request(url + "/health", timeout=30).status
+            before, source = idle[name]
+            after, _waited = wait_idle(url, before, 60) if before is not None else (None, 0.0)
+            kv[name] = (before, after, source if before is not None else source[:120])
+        return after_row(GENERATE, health, kv)
+
+    def measure(feature: str, make: Callable[[], Row], catch: bool = False) -> None:
+        """The row ``make`` returns, unless a server is down for good; with ``catch`` an exception is the row."""
+        if down := guard.down():
+            add(Row(feature, GENERATE, FAILED, down), measured=False)
+            return
         try:
-            rows.append(probe_rows(base_url, cand_url, timeout, tie_threshold))
+            row = make()
         except Exception as exc:  # e.g. no yaml to read the role's defaults with: the row says so
-            rows.append(Row("pivot generation probe + generation_compare (role defaults' prompts)", GENERATE, FAILED,
-                            f"{type(exc).__name__}: {exc}"))
-        log(f"{rows[-1].feature}: {rows[-1].verdict} ({rows[-1].detail})")
+            if not catch:
+                raise
+            row = Row(feature, GENERATE, FAILED, f"{type(exc).__name__}: {exc}")
+        add(row)
+
+    measure(f"{concurrency} concurrent mixed requests (stream, stream closed after 2 events, plain)", concurrent)
+    measure(AFTER_FEATURE, after_run)
+    if probe:
+        measure(PROBE_FEATURE, lambda: probe_rows(base_url, cand_url, timeout, tie_threshold), catch=True)
     return rows
 
 
@@ -929,12 +966,19 @@ def sglang_argv(models: Path, port: int, algo: str, budget: int, context_length:
 
 
 class Server:
-    """A server process this script started (its output to ``log``); ``stop()`` ends it and its process group."""
+    """A server process this script started (its output appended to ``log``); ``stop()`` ends it and its process
+    group, ``restart()`` starts the same command again (same port)."""
 
     def __init__(self, argv: list[str], url: str, log: Path, env: dict[str, str] | None = None) -> None:
-        self.url, self.log, self.argv = url, log, argv
-        self.fh = open(log, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.url, self.log, self.argv, self.env = url, log, argv, env
+        self.start()
+
+    def start(self) -> None:
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0  # this run's part of the log
+        self.fh = open(self.log, "ab")
+        self.stopped = False
+        self.proc = subprocess.Popen(self.argv, stdout=self.fh, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
 
     def wait_ready(self, deadline_s: float) -> str | None:
         """None once /health answers 200 and one generation succeeded; else why not."""
@@ -947,20 +991,113 @@ class Server:
             time.sleep(1.0)
         return f"not healthy within {deadline_s:g} s (log {self.log})"
 
+    def trouble(self, timeout: float = 30.0) -> str | None:
+        """None while the process runs and ``/health`` answers 200 (as at start-up); else what was seen."""
+        if self.proc.poll() is not None:
+            return f"exited with {self.proc.returncode}"
+        health = request(self.url + "/health", timeout=timeout)
+        return None if health.status == 200 else f"/health: {_answer(health)}"
+
+    def log_since_start(self) -> str:
+        with open(self.log, "rb") as fh:
+            fh.seek(self.log_offset)
+            return fh.read().decode(errors="replace")
+
+    def restart(self, deadline_s: float) -> str | None:
+        """Stop what is left of it, start the same command again; None once healthy, else why not (stopped)."""
+        self.stop()
+        self.start()
+        problem = self.wait_ready(deadline_s)
+        if problem:
+            self.stop()
+        return problem
+
     def stop(self) -> None:
         import signal
 
+        if self.stopped:  # once per start: the group's id must not be signalled after it may have been reused
+            return
+        self.stopped = True
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
+                pass
+        try:  # what is left of the group: all of it after a timeout, a crashed server's children (GPU memory)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
         self.fh.close()
+
+
+TRACEBACK = "Traceback (most recent call last):"
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def crash_excerpt(log_text: str, width: int = 300) -> str:
+    """The last meaningful lines of a crashed server's log, `` / ``-joined: the exception line of the last
+    traceback (``ValueError: pool memory leak detected! ...``: the first unindented line after it that names an
+    exception, else the first unindented one) and the log's last line when that is another (SGLang: "Received
+    sigquit from a child process..."); without a traceback the last two lines. '' for an empty log."""
+    lines = [line.rstrip() for line in log_text.splitlines()]
+    filled = [line for line in lines if line.strip()]
+    if not filled:
+        return ""
+    start = max((i for i, line in enumerate(lines) if TRACEBACK in line), default=-1)
+    picked = filled[-2:]
+    after = lines[start + 1 :] if start >= 0 else []
+    unindented = [line for line in after if line.strip() and not line[0].isspace()]
+    if unindented:
+        exc = next((line for line in unindented if EXCEPTION_LINE.match(line)), unindented[0])
+        picked = [exc] if exc == filled[-1] else [exc, filled[-1]]
+    return " / ".join(line.strip()[:width] for line in picked)
+
+
+class Guard:
+    """Crash handling between rows (the module docstring says what it does): ``servers`` by name (``Server`` or
+    anything with its ``trouble``, ``stop``, ``log_since_start``, ``restart`` and ``log``); none: it does nothing."""
+
+    def __init__(self, servers: dict[str, Any], max_restarts: int = 3, start_timeout: float = 420.0,
+                 health_timeout: float = 30.0, log: Callable[[str], None] = print) -> None:
+        self.servers, self.max_restarts, self.log = servers, max_restarts, log
+        self.start_timeout, self.health_timeout = start_timeout, health_timeout
+        self.crashes = dict.fromkeys(servers, 0)
+        self.restarts = dict.fromkeys(servers, 0)
+        self.gone: dict[str, str] = {}  # server -> why it is down for good
+
+    def down(self) -> str | None:
+        """Why the next row cannot be measured (a server down for good), or None."""
+        return "server down: " + "; ".join(f"{n} {why}" for n, why in self.gone.items()) if self.gone else None
+
+    def check(self, row: Row) -> Row:
+        """After a row: say which servers it was measured after a restart of; a server that stopped answering
+        makes the row failed with its log's last lines, and is restarted (or given up)."""
+        row.detail += "".join(f"; {n} after restart {k}" for n, k in self.restarts.items() if k)
+        for name, server in self.servers.items():
+            if name in self.gone or not (seen := server.trouble(self.health_timeout)):
+                continue
+            self.crashes[name] += 1
+            server.stop()
+            excerpt = crash_excerpt(server.log_since_start()) or "empty"
+            what = f"{name} server crashed ({seen}; {server.log.name}: {excerpt})"
+            self.log(what)
+            if self.restarts[name] >= self.max_restarts:
+                self.gone[name] = f"crashed {self.crashes[name]} times, no restart left (at most {self.max_restarts})"
+                what += f"; not restarted (at most {self.max_restarts} restarts)"
+            elif problem := server.restart(self.start_timeout):
+                self.gone[name] = f"restart failed: {problem}"
+                what += f"; restart failed: {problem}"
+            else:
+                self.restarts[name] += 1
+                what += f"; restarted (restart {self.restarts[name]} of at most {self.max_restarts})"
+            row.verdict, row.detail = FAILED, what + "; " + row.detail
+        return row
+
+    def summary(self) -> dict[str, dict]:
+        return {n: {"crashes": self.crashes[n], "restarts": self.restarts[n], "down": self.gone.get(n)}
+                for n in self.servers}
 
 
 def gpu_label() -> str:
@@ -985,6 +1122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=420.0)
     ap.add_argument("--tie-margin", type=float, default=1.0)
     ap.add_argument("--logprob-tol", type=float, default=0.1)
+    ap.add_argument("--max-restarts", type=int, default=3, help="restarts of a crashed server, each")
     ap.add_argument("--server-module", default="sglang.launch_server",
                     help="the module both servers run (the CPU test: sglang_lab_server, the LAB STAND-IN, which "
                     "parses the same flags)")
@@ -992,7 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     import sglang
 
-    servers = {}
+    servers: dict[str, Server] = {}
     try:
         # One after the other: SGLang counts the memory the first server holds as used, so the second's static
         # fraction (of the whole GPU) covers the first's 0.3 as well as its own.
@@ -1012,9 +1150,10 @@ def main(argv: list[str] | None = None) -> int:
             processor = None
         vocab = int(json.loads((args.models / "target" / "config.json").read_text())["vocab_size"])
         prompt = [(37 * i + 11) % (min(vocab, 1005) - 5) + 5 for i in range(24)]  # ids 0-4: the tiny specials
+        guard = Guard(servers, args.max_restarts, args.start_timeout)
         rows = compare_all(servers["none"].url, servers["DDTREE"].url, prompt,
                            "Tell me a short story about a tree.", args.context_length, processor, args.timeout,
-                           args.tie_margin, args.logprob_tol, vocab=vocab)
+                           args.tie_margin, args.logprob_tol, vocab=vocab, guard=guard)
     finally:
         for server in servers.values():
             server.stop()
@@ -1022,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.gpu or gpu_label()
     meta = {"gpu": gpu, "date": date, "sglang": sglang.__version__, "models": str(args.models),
             "budget": args.budget, "tie_margin": args.tie_margin, "logprob_tol": args.logprob_tol,
-            "servers": {name: " ".join(s.argv[1:]) for name, s in servers.items()}}
+            "servers": {name: " ".join(s.argv[1:]) for name, s in servers.items()}, "restarts": guard.summary()}
     args.results.mkdir(parents=True, exist_ok=True)
     stem = args.results / f"http-semantics-{gpu}-{date}"
     stem.with_suffix(".md").write_text(render(rows, meta))

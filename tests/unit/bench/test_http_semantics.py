@@ -2,7 +2,9 @@
 near-tie accounting, logprob tolerance, 400 classification), the concurrency and KV judgements and the table, on
 CONSTRUCTED responses (built here in SGLang 0.5.17's shapes, named ``constructed_*``), and, in the live test at the
 end, the client and the comparison over real HTTP against the LAB STAND-IN server (lab/sglang_lab_server) started
-twice on this host (about 35 s on a 2-CPU machine, models included: not marked slow). The GPU run against the real
+twice on this host (about 35 s on a 2-CPU machine, models included: not marked slow), and again with the DDTREE
+stand-in crashing twice (CRASHING_STANDIN, written by the test: lab/ is not changed; another 35 s). The crash
+handling (``crash_excerpt``, ``Guard``, ``Server.restart``) is also tested on its own. The GPU run against the real
 SGLang is bench/gpu/run_all.sh's http-semantics step."""
 
 from __future__ import annotations
@@ -466,6 +468,119 @@ def test_sglang_argv_parses_with_sglang_0_5_17():
     assert json.loads(proc.stdout.splitlines()[-1]) == ["triton", True, True, 17, "DDTREE", 1024]
 
 
+# ------------------------------------------------------------------------------------------------ crashes, restarts
+SGLANG_CRASH_LOG = """[2026-12-05 10:00:01] INFO:     127.0.0.1:5000 - "POST /generate HTTP/1.1" 200 OK
+[2026-12-05 10:00:02] Scheduler hit an exception: Traceback (most recent call last):
+  File "/sglang/srt/managers/scheduler.py", line 2900, in run_scheduler_process
+    scheduler.event_loop_overlap()
+  File "/sglang/srt/managers/scheduler.py", line 1100, in check_memory
+    raise ValueError(msg)
+ValueError: pool memory leak detected! available_size=1000, protected_size=0, total=1024
+
+[2026-12-05 10:00:02] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def test_crash_excerpt_quotes_the_exception_line_and_the_last_line():
+    assert hs.crash_excerpt(SGLANG_CRASH_LOG) == (
+        "ValueError: pool memory leak detected! available_size=1000, protected_size=0, total=1024 / "
+        "[2026-12-05 10:00:02] Received sigquit from a child process. It usually means the child failed.")
+    # a chained exception: the last traceback's exception line; a logged line before it does not count
+    chained = ("Traceback (most recent call last):\n  x\nKeyError: 1\n\nDuring handling of the above exception, "
+               "another exception occurred:\n\nTraceback (most recent call last):\n  y\n[t] INFO other thread\n"
+               "torch.OutOfMemoryError: CUDA out of memory\n")
+    assert hs.crash_excerpt(chained) == "torch.OutOfMemoryError: CUDA out of memory"
+    assert hs.crash_excerpt("loading\nKilled\n\n") == "loading / Killed"  # no traceback: the last two lines
+    assert hs.crash_excerpt("\n \n") == ""
+
+
+class FakeServer:
+    """Stands in for ``Server`` in the Guard: answers ``/health`` until ``crash()``; ``restart`` logs a new life."""
+
+    def __init__(self, name, restart_problem=None):
+        self.log, self.up, self.restart_problem = Path(f"server-{name}.log"), True, restart_problem
+        self.text, self.calls = "", []
+
+    def crash(self, exception_line):
+        self.up, self.text = False, f"Traceback (most recent call last):\n  File x\n{exception_line}\n"
+
+    def trouble(self, timeout):
+        return None if self.up else "/health: no answer (ConnectionRefusedError: [Errno 111] Connection refused)"
+
+    def log_since_start(self):
+        return self.text
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def restart(self, deadline_s):
+        self.calls.append("restart")
+        self.up, self.text = self.restart_problem is None, ""
+        return self.restart_problem
+
+
+def test_guard_fails_the_crashed_row_restarts_and_gives_up_after_the_cap():
+    ddtree, none = FakeServer("DDTREE"), FakeServer("none")
+    guard = hs.Guard({"DDTREE": ddtree, "none": none}, max_restarts=1, log=lambda _line: None)
+    row = guard.check(hs.Row("greedy", hs.GENERATE, hs.SAME, "1 x 24 tokens equal"))
+    assert (row.verdict, row.detail) == (hs.SAME, "1 x 24 tokens equal") and guard.down() is None
+    ddtree.crash("ValueError: pool memory leak detected!")
+    row = guard.check(hs.Row("at the limit", hs.GENERATE, hs.FAILED, "DDTREE: no answer (RemoteDisconnected)"))
+    assert row.verdict == hs.FAILED
+    assert row.detail == ("DDTREE server crashed (/health: no answer (ConnectionRefusedError: [Errno 111] Connection "
+                          "refused); server-DDTREE.log: ValueError: pool memory leak detected!); restarted (restart 1 "
+                          "of at most 1); DDTREE: no answer (RemoteDisconnected)")
+    assert ddtree.calls == ["stop", "restart"] and none.calls == [] and guard.down() is None
+    row = guard.check(hs.Row("past the limit", hs.GENERATE, hs.SAME, "both refuse it"))
+    assert (row.verdict, row.detail) == (hs.SAME, "both refuse it; DDTREE after restart 1")
+    ddtree.crash("RuntimeError: again")  # a server that answered the row, then died: the row is failed too
+    row = guard.check(hs.Row("n 2", hs.GENERATE, hs.SAME, "2 x 24 tokens equal"))
+    assert row.verdict == hs.FAILED and "RuntimeError: again); not restarted (at most 1 restarts)" in row.detail
+    assert ddtree.calls == ["stop", "restart", "stop"]
+    assert guard.down() == "server down: DDTREE crashed 2 times, no restart left (at most 1)"
+    gone = "crashed 2 times, no restart left (at most 1)"
+    assert guard.summary() == {"DDTREE": {"crashes": 2, "restarts": 1, "down": gone},
+                               "none": {"crashes": 0, "restarts": 0, "down": None}}
+    lines = hs.render([row], {"gpu": "h200", "date": "d", "restarts": guard.summary()}).splitlines()
+    assert f"- server DDTREE: 2 crash(es), 1 restart(s); down from then on: {gone}" in lines
+    assert "- server none: 0 crash(es), 0 restart(s)" in lines
+
+
+def test_guard_gives_up_on_a_server_whose_restart_fails():
+    ddtree = FakeServer("DDTREE", restart_problem="exited with 1 (log server-DDTREE.log)")
+    guard = hs.Guard({"DDTREE": ddtree}, max_restarts=3, log=lambda _line: None)
+    ddtree.crash("ValueError: x")
+    row = guard.check(hs.Row("a", hs.GENERATE, hs.SAME, "equal"))
+    assert row.verdict == hs.FAILED and "restart failed: exited with 1" in row.detail
+    assert guard.down() == "server down: DDTREE restart failed: exited with 1 (log server-DDTREE.log)"
+    assert guard.summary()["DDTREE"]["restarts"] == 0
+    assert guard.check(hs.Row("b", hs.GENERATE, hs.FAILED, "x")).detail == "x"  # given up: no longer checked
+
+
+def test_server_restart_runs_the_same_command_and_reads_only_its_new_log(tmp_path):
+    """``Server`` on a small program: a crash is seen (exited), the log of the run since the restart is what
+    ``log_since_start`` gives, and ``stop`` is once per start."""
+    port = hs.free_port()
+    program = ("import sys, http.server\nprint('life', flush=True)\n"
+               "class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200)\n"
+               "        self.end_headers()\n    def log_message(self, *a):\n        pass\n"
+               f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    log = tmp_path / "server-x.log"
+    log.write_text("earlier run\nTraceback (most recent call last):\nValueError: old\n")
+    server = hs.Server([sys.executable, "-c", program], f"http://127.0.0.1:{port}", log)
+    try:
+        assert server.wait_ready(60) is None and server.trouble(5) is None
+        os.kill(server.proc.pid, 9)
+        server.proc.wait()
+        assert server.trouble(5) == "exited with -9"
+        assert server.restart(60) is None and server.trouble(5) is None
+        assert server.log_since_start() == "life\n" and log.read_text().count("life") == 2
+    finally:
+        server.stop()
+    assert server.trouble(5) == "exited with -15"  # stopped by SIGTERM to its group
+    server.stop()  # again: nothing to signal
+
+
 # ------------------------------------------------------------------------------------------------ live: LAB STAND-IN
 @pytest.fixture(scope="module")
 def standin_models(tmp_path_factory) -> Path:
@@ -524,3 +639,94 @@ def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path):
     assert after.verdict == hs.UNSUPPORTED and "/health 200" in after.detail
     probe = next(r for r in rows if r.feature.startswith("pivot generation probe"))
     assert probe.verdict == hs.SAME and "5/5 prompts agree" in probe.detail, probe
+
+
+# Test-only wrapper of the LAB STAND-IN, written into the test's own directory and run as ``--server-module``: its
+# DDTREE server crashes the way the GPU run's did (the scheduler's traceback, then SGLang's last line, then the
+# process is gone mid-request) on a request at the context limit (prompt + max_new_tokens = the context length: the
+# catalogue's "prompt at the context limit" row) and, in any later life, on max_new_tokens 22 (only the concurrent
+# run's plan asks for 22).
+CRASHING_STANDIN = '''
+import logging, os, sys, traceback
+
+from sglang_lab_server import server
+
+generate_one = server.Handler._generate_one
+
+
+def crashing(self, body):
+    ids, new = body.get("input_ids") or [], (body.get("sampling_params") or {}).get("max_new_tokens")
+    if "DDTREE" in sys.argv and isinstance(new, int):
+        if len(ids) + new == self.server.engine.context_length:
+            error = ValueError("pool memory leak detected! available_size=100, total=256 (test crash)")
+        elif new == 22:
+            error = RuntimeError("second test crash")
+        else:
+            return generate_one(self, body)
+        try:
+            raise error
+        except Exception:
+            traceback.print_exc()
+        sys.stderr.flush()
+        logging.getLogger("sglang").error("Received sigquit from a child process. It usually means the child failed.")
+        sys.stdout.flush()
+        os._exit(1)
+    return generate_one(self, body)
+
+
+server.Handler._generate_one = crashing
+if __name__ == "__main__":
+    code = server.main(sys.argv[1:])
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
+'''
+
+
+def test_live_a_crashed_server_is_restarted_and_the_run_goes_on(standin_models, tmp_path):
+    """The whole script against the LAB STAND-IN whose DDTREE side crashes twice (CRASHING_STANDIN), with
+    --max-restarts 1: the row it crashed on is failed and quotes the log's exception line, the server is restarted
+    and the next rows are measured on it (and say so), the second crash (in the concurrent run) is not restarted and
+    every row after it is "server down" without a request; the counts are in the Markdown and the JSON; exit 1."""
+    (tmp_path / "crashing_standin.py").write_text(CRASHING_STANDIN)
+    results = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(LAB), str(tmp_path)]))
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--models", str(standin_models), "--work", str(tmp_path / "work"), "--budget",
+         "8", "--context-length", "256", "--gpu", "lab-standin", "--results", str(results), "--server-module",
+         "crashing_standin", "--timeout", "300", "--max-restarts", "1"],
+        capture_output=True, text=True, env=env, timeout=900, check=False)
+    out = run.stdout + run.stderr
+    md = list(results.glob("http-semantics-lab-standin-*.md"))
+    assert len(md) == 1, out[-3000:]
+    record = json.loads(md[0].with_suffix(".json").read_text())
+    rows = [hs.Row(**r) for r in record["rows"]]
+    assert run.returncode == 1 == hs.exit_status(rows), md[0].read_text()
+    gone = "crashed 2 times, no restart left (at most 1)"
+    assert record["restarts"] == {"DDTREE": {"crashes": 2, "restarts": 1, "down": gone},
+                                  "none": {"crashes": 0, "restarts": 0, "down": None}}
+    assert f"- server DDTREE: 2 crash(es), 1 restart(s); down from then on: {gone}" in md[0].read_text()
+    by = {(r.endpoint, r.feature.split(" (")[0].split(" [")[0]): r for r in rows}
+    greedy = by[(hs.GENERATE, "greedy")]
+    assert greedy.verdict == hs.SAME and "restart" not in greedy.detail
+    crashed = by[(hs.GENERATE, "prompt at the context limit")]
+    assert crashed.verdict == hs.FAILED, crashed
+    assert crashed.detail.startswith("DDTREE server crashed (")
+    assert "server-DDTREE.log: ValueError: pool memory leak detected! available_size=100, total=256 (test crash) / " \
+        in crashed.detail, crashed
+    assert "Received sigquit from a child process" in crashed.detail and "restarted (restart 1 of at most 1)" in \
+        crashed.detail
+    past = by[(hs.GENERATE, "prompt past the context limit")]  # measured on the restarted server
+    assert past.verdict == hs.SAME and past.detail.endswith("; DDTREE after restart 1"), past
+    logprob = by[(hs.GENERATE, "return_logprob, top_logprobs_num 5")]
+    assert logprob.verdict == hs.UNSUPPORTED and "LAB STAND-IN" in logprob.detail and \
+        logprob.detail.endswith("; DDTREE after restart 1"), logprob
+    concurrent = next(r for r in rows if "concurrent mixed" in r.feature)
+    assert concurrent.verdict == hs.FAILED and "RuntimeError: second test crash" in concurrent.detail, concurrent
+    assert "ValueError" not in concurrent.detail  # the log of the server's second life only
+    assert "not restarted (at most 1 restarts)" in concurrent.detail
+    after = [r for r in rows if r.feature.startswith(("after the concurrent run", "pivot generation probe"))]
+    assert len(after) == 2 and all(r.verdict == hs.FAILED and r.detail == f"server down: DDTREE {gone}"
+                                   for r in after), after
+    log = (tmp_path / "work" / "server-DDTREE.log").read_text()
+    assert log.count("The server is fired up and ready to roll!") == 2  # started, restarted once, not again
