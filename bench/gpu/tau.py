@@ -21,11 +21,13 @@ from pathlib import Path
 from engine_run import run_config
 from sglang_ddtree.budget import least_widest_budget
 
-CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", 16), ("DDTREE", 8), ("DDTREE", 32),
-           ("DDTREE", 4)]  # the auto row early: a call cut short by its time limit still has it
+CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", "auto-period"), ("DDTREE", 16),
+           ("DDTREE", 8), ("DDTREE", 32), ("DDTREE", 4)]  # the auto rows early: a call cut short still has them
 #: DDTREE "auto" (issue 24): SGLANG_DDTREE_BUDGET=auto on a server whose widest budget is this (candidates: the
-#: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget)
+#: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget);
+#: "auto-period" the same with the step costs read by the period clock (SGLANG_DDTREE_STEP_CLOCK=period)
 AUTO_WIDEST = 32
+AUTO_ENV = {"auto": {}, "auto-period": {"SGLANG_DDTREE_STEP_CLOCK": "period"}}
 
 
 def reservation(budget: int, block_size: int) -> int:
@@ -75,7 +77,7 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
     for (method, budget), rec in runs.items():
         for r in rec.get("tau", []):
             ref_none = base.get((r["batch"], r["temperature"]))
-            auto = budget == "auto"
+            auto = budget in AUTO_ENV
             rows.append(
                 {
                     "method": "ddtree-auto" if auto else method.lower(),
@@ -142,15 +144,15 @@ def main() -> int:
             str(args.new_tokens),
         ]
         env = None
-        widest = AUTO_WIDEST if budget == "auto" else budget or 16
-        if budget == "auto":
-            stats = args.work / "tau-DDTREE-auto-budget.jsonl"
-            env = {"SGLANG_DDTREE_BUDGET": "auto", "SGLANG_DDTREE_BUDGET_STATS": str(stats)}
+        widest = AUTO_WIDEST if budget in AUTO_ENV else budget or 16
+        if budget in AUTO_ENV:
+            stats = args.work / f"tau-DDTREE-{budget}-budget.jsonl"
+            env = {"SGLANG_DDTREE_BUDGET": "auto", "SGLANG_DDTREE_BUDGET_STATS": str(stats), **AUTO_ENV[budget]}
         elif method == "DDTREE" and reservation(budget, block) > budget:
             widest = reservation(budget, block)
             env = {"SGLANG_DDTREE_BUDGET": str(budget)}
         rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env)
-        if rec is not None and budget == "auto":
+        if rec is not None and budget in AUTO_ENV:
             rec["budget_stats"] = last_stats(stats)
         if rec is not None:
             runs[(method, budget)] = rec

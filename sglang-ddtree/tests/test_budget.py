@@ -534,6 +534,18 @@ def test_online_choice_measures_a_candidate_again_after_refresh_steps():
     assert set(picks) - {8} == {CHAIN}
 
 
+def test_a_refresh_issues_the_stale_candidate_on_refresh_burst_steps_in_a_row():
+    costs = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_steps=10, refresh_burst=3)
+    costs.choose([0.0, 0.0], 1), costs.choose([0.0, 0.0], 1)
+    costs.record(CHAIN, 1, 1.0), costs.record(8, 1, 100.0)
+    costs.choose([0.0, 0.0], 4)  # another bucket's steps do not count towards bucket 1's burst
+    picks = [costs.choose([0.0, 0.0], 1) for _ in range(30)]
+    assert picks[10:13] == [8, 8, 8] and picks.count(8) == 6, picks  # two refreshes of 3 steps each
+    assert picks[:10] == [CHAIN] * 10 and picks[13] == CHAIN
+    with pytest.raises(ValueError, match="refresh_burst >= 1"):
+        OnlineStepCost((CHAIN, 8), refresh_burst=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the chain as a tree
 

@@ -471,8 +471,9 @@ class OnlineStepCost:
     Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha: weight of a new
     sample in (0, 1]; min_samples >= 1: each candidate is issued this many times per bucket before the measured
     costs decide (exploration); refresh_steps >= 1: a candidate the choice has not issued for this many of the
-    bucket's steps is issued once again, so that a cost that drifts (longer contexts) is measured again;
-    num_buckets >= 1; clip > 1.
+    bucket's steps is issued again, so that a cost that drifts (longer contexts) is measured again, on
+    refresh_burst >= 1 consecutive steps of the bucket (a cost measured as the time between two rounds of the same
+    candidate needs two in a row: ``sglang/auto_budget.py``'s period clock); num_buckets >= 1; clip > 1.
     """
 
     candidates: tuple[int, ...]
@@ -481,19 +482,22 @@ class OnlineStepCost:
     refresh_steps: int = 2000
     num_buckets: int = 12
     clip: float = 2.0
+    refresh_burst: int = 1
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
             raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
         if (not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1
-                or not self.clip > 1.0):
-            raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1")
+                or not self.clip > 1.0 or self.refresh_burst < 1):
+            raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1, "
+                             "refresh_burst >= 1")
         width = len(self.candidates)
         self.ema: list[list[float]] = [[0.0] * width for _ in range(self.num_buckets)]
         self.samples: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.issued: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.last: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
         self.steps: list[int] = [0] * self.num_buckets
+        self._burst: list[tuple[int, int]] = [(0, 0)] * self.num_buckets  # (candidate index, steps still to issue)
         self._first: list[list[list[float]]] = [[[] for _ in range(width)] for _ in range(self.num_buckets)]
         self._index = {c: i for i, c in enumerate(self.candidates)}
 
@@ -532,8 +536,9 @@ class OnlineStepCost:
 
         In order: the first candidate issued fewer than ``min_samples`` times at this bucket (exploration); the
         candidate issued least recently, when that was more than ``refresh_steps`` of the bucket's steps ago
-        (refresh); else the candidate with the most committed tokens per second, ``batch_size * (E + 1) / cost``,
-        among those measured here (ties: the earlier candidate); the widest candidate when none is measured yet.
+        (refresh, then on the next ``refresh_burst - 1`` steps of the bucket too); else the candidate with the most
+        committed tokens per second, ``batch_size * (E + 1) / cost``, among those measured here (ties: the earlier
+        candidate); the widest candidate when none is measured yet.
 
         Args:
             expected: C expected accepted draft nodes per request (a batch mean), in ``candidates`` order.
@@ -546,10 +551,15 @@ class OnlineStepCost:
         step = self.steps[k]
         issued, last = self.issued[k], self.last[k]
         pick = next((c for c, n in enumerate(issued) if n < self.min_samples), None)
+        burst, left = self._burst[k]
+        if pick is None and left > 0:
+            pick = burst
+            self._burst[k] = (burst, left - 1)
         if pick is None:
             stale = min(range(len(last)), key=last.__getitem__)
             if step - last[stale] > self.refresh_steps:
                 pick = stale
+                self._burst[k] = (stale, self.refresh_burst - 1)
         if pick is None:
             best = None
             for c, (e, cost, n) in enumerate(zip(expected, self.ema[k], self.samples[k], strict=True)):

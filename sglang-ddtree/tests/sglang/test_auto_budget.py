@@ -325,3 +325,97 @@ def test_two_tp_ranks_with_different_timings_verify_the_same_width_every_step(tm
     assert set(chosen) == {CHAIN, 4, 8, 16}  # explored everything
     assert chosen[-20:] == [8] * 20  # then the first rank's fastest, whatever rank 1 measured
     assert (ranks[0]["own_best"], ranks[1]["own_best"]) == (8, CHAIN), ranks  # rank 1 alone would pick the chain
+
+
+# --- the period clock (SGLANG_DDTREE_STEP_CLOCK=period) --------------------------------------------------------
+def _period_auto(monkeypatch, candidates=(CHAIN, 8), clock=None):
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "period")
+    return AutoBudget(candidates, 4, torch.device("cpu"), clock=clock)
+
+
+def test_the_period_clock_prices_a_round_by_the_time_to_the_next_round_of_the_same_candidate(monkeypatch):
+    from sglang_ddtree.sglang.auto_budget import _PeriodTimer
+
+    now = SimpleNamespace(t=0.0)
+    timer = _PeriodTimer(lambda bs: min(int(bs - 1).bit_length(), 11), clock=lambda: now.t)
+    # rounds (candidate, batch, ms until the next round starts)
+    for candidate, batch, ms in ((8, 2, 6.0), (8, 2, 7.0), (8, 2, 8.0), (CHAIN, 2, 3.0), (CHAIN, 2, 4.0),
+                                 (CHAIN, 5, 2.0), (CHAIN, 6, 9.0), (CHAIN, 6, 1.0)):
+        timer.begin(candidate, batch)
+        now.t += ms / 1000.0
+    timer.begin(CHAIN, 6)
+    # 8's second and third rounds (each after another 8); the chain's second (after a chain in the same bucket);
+    # the round at batch 5 follows one at batch 2 (another bucket): dropped; the two after it are the chain's at
+    # batch 5-8. The first round of each run of a candidate is never priced.
+    assert [(c, b, round(ms, 6)) for c, b, ms in timer.done()] == [
+        (8, 2, 7.0), (8, 2, 8.0), (CHAIN, 2, 4.0), (CHAIN, 6, 9.0), (CHAIN, 6, 1.0)]
+    assert timer.done() == []
+
+
+def test_the_period_clock_drops_intervals_across_other_batches_and_idle_time(monkeypatch):
+    from sglang_ddtree.sglang.auto_budget import MAX_PERIOD_S
+
+    now = SimpleNamespace(t=0.0)
+    auto = _period_auto(monkeypatch, clock=lambda: now.t)
+    assert auto.clock_name == "period" and auto.costs.min_samples == 4 and auto.costs.refresh_burst == 3
+    auto.timer.begin(8, 1)
+    now.t += 0.005
+    auto.timer.begin(8, 1)
+    now.t += 0.005
+    auto.interrupt()  # a prefill ran in between: the interval from the last round's start spans it
+    auto.timer.begin(8, 1)
+    now.t += MAX_PERIOD_S + 0.1  # the server idled
+    auto.timer.begin(8, 1)
+    now.t += 0.004
+    auto.timer.begin(8, 1)
+    assert [round(ms, 6) for _, _, ms in auto.timer.done()] == [4.0]
+
+
+def test_auto_with_the_period_clock_picks_the_candidate_with_the_most_tokens_per_wall_second(monkeypatch, tmp_path):
+    """A simulated overlap pipeline: the wall time from one round's start to the next is the cost of the round
+    before (the GPU-bound reading of the interval); the chain commits 2 tokens in 4 ms, budget 8 3.5 in 5 ms."""
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET_STATS", str(tmp_path / "stats.jsonl"))
+    now = SimpleNamespace(t=0.0)
+    auto = _period_auto(monkeypatch, clock=lambda: now.t)
+    cost = {CHAIN: 4.0, 8: 5.0}
+    previous = None
+    chosen = []
+    for _ in range(64):
+        candidate = auto.begin_step(1)
+        auto.expected = [1.0, 2.5]
+        now.t += cost[previous if previous is not None else candidate] / 1000.0
+        previous = candidate
+        auto.end_step()
+        chosen.append(candidate)
+    assert chosen[:8] == [CHAIN] * 4 + [8] * 4  # exploration: each candidate on 4 rounds in a row
+    assert set(chosen[8:]) == {8}, chosen
+    # the chain's three samples are its own rounds' 4 ms: the interval after the switch to 8 (still a chain round
+    # in the pipeline) is not priced
+    assert auto.costs.costs(1) == [pytest.approx(4.0), pytest.approx(5.0)]
+    line = json.loads((tmp_path / "stats.jsonl").read_text().splitlines()[-1])
+    assert line["clock"] == "period"
+
+
+def test_a_bad_step_clock_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "wall")
+    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_STEP_CLOCK='wall': use one of \['events', 'period'\]"):
+        AutoBudget((CHAIN, 8), 4, torch.device("cpu"))
+    monkeypatch.delenv("SGLANG_DDTREE_STEP_CLOCK")
+    assert AutoBudget((CHAIN, 8), 4, torch.device("cpu")).stats()["clock"] == "events"
+
+
+@pytest.mark.parametrize("kind", ["extend", "grammar"])
+def test_a_batch_that_is_no_tree_round_interrupts_the_period_clock(monkeypatch, kind):
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.sglang.worker import DDTreeWorker
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", lambda self, batch, **kw: "DFLASH's")
+    worker = object.__new__(DDTreeWorker)  # no GPU: the attributes this path reads
+    worker.block_size = 4
+    calls = []
+    worker._ddtree_auto = SimpleNamespace(interrupt=lambda: calls.append("interrupt"))
+    mode = SimpleNamespace(is_extend=lambda: kind == "extend", is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=kind == "grammar")
+    assert worker.forward_batch_generation(batch) == "DFLASH's"
+    assert calls == ["interrupt"]

@@ -45,6 +45,8 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
         ("DFLASH", 0): constructed_record([(1, 0.0, 2.7, 180.0)]),
         ("DDTREE", "auto"): {**constructed_record([(1, 0.0, 3.4, 230.0)]),
                              "budget_stats": {"budget_histogram": {"chain": 1, "16": 9}}},
+        ("DDTREE", "auto-period"): {**constructed_record([(1, 0.0, 3.3, 250.0)]),
+                                    "budget_stats": {"budget_histogram": {"chain": 2, "16": 8}, "clock": "period"}},
         ("DDTREE", 4): constructed_record([(8, 0.0, 2.6, 500.0)]),
     }
     log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
@@ -56,5 +58,8 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     auto = rows[("ddtree-auto", "auto", 1)]
     assert auto["speedup"] == 2.3 and auto["budget_histogram"] == {"chain": 1, "16": 9}
     assert auto["tau_reference"] is None  # the reference engine has no auto budget
+    period = rows[("ddtree-auto", "auto-period", 1)]  # the same policy, costs from the period clock
+    assert period["speedup"] == 2.5 and period["budget_histogram"] == {"chain": 2, "16": 8}
+    assert period["tau_reference"] is None
     assert rows[("ddtree", 4, 8)]["speedup"] == 1.25 and rows[("ddtree", 4, 8)]["tau_reference"] == 2.6
     assert "budget_histogram" not in rows[("ddtree", 4, 8)]

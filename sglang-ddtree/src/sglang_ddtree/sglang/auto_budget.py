@@ -9,9 +9,14 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
   ``Calibration``), batch-averaged on the device and copied to pinned host memory without waiting; the choice
   at step t reads the copy of step t - :data:`EXPECTATION_LAG` (by then long done: the event wait is normally
   free), so the decode path gains no host synchronisation;
-* the step cost of each candidate at this batch size, measured while serving: CUDA events around every round,
-  read when done (``budget.OnlineStepCost``: exploration of every candidate per batch bucket, then the fastest in
-  committed tokens per second, re-measured now and then). Under tensor parallelism the first rank of the TP group
+* the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``:
+  exploration of every candidate per batch bucket, then the fastest in committed tokens per second, re-measured
+  now and then), by one of two clocks (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around
+  every round, read when done; or ``period``, the host time between the starts of two consecutive decode rounds
+  of the same candidate (:class:`_PeriodTimer`), which also holds the host work outside the round (the
+  scheduler's own, SGLang's result processing). On the tiny trained pair (H100, 12-05) the events put budgets 16
+  and 32 at the same cost while a round of 32 took 5.2 ms of wall time against 3.8 for 16; which clock the
+  default should be is for a GPU run to decide. Under tensor parallelism the first rank of the TP group
   chooses and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own
   timings differ, and their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed
   order), so a choice made on each rank could split them into different verify widths, which would hang the
@@ -55,8 +60,10 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "EXPECTATION_LAG",
     "HYBRID_GRAPHS_ENV",
+    "MAX_PERIOD_S",
     "SAMPLE_EVERY",
     "STATS_ENV",
+    "STEP_CLOCK_ENV",
     "AutoBudget",
     "capture_verify_widths",
     "hybrid_width_backend",
@@ -75,6 +82,11 @@ LOG_EVERY_S = 60.0
 #: so far, the histogram of the choices and the measured costs (host data only: writing it never waits for the GPU).
 STATS_ENV = "SGLANG_DDTREE_BUDGET_STATS"
 STATS_EVERY = 64
+#: How the step costs are measured: ``events`` (default) or ``period`` (see the module docstring).
+STEP_CLOCK_ENV = "SGLANG_DDTREE_STEP_CLOCK"
+STEP_CLOCKS = ("events", "period")
+#: The period clock drops an interval longer than this (the server idled, or waited for requests, in between).
+MAX_PERIOD_S = 1.0
 
 
 def verify_width(candidate: int, block_size: int) -> int:
@@ -128,6 +140,43 @@ class _StepTimer:
         return out
 
 
+class _PeriodTimer:
+    """Step costs as the host time from one decode round's start to the next one's (the ``period`` clock).
+
+    Under SGLang's overlap scheduler the interval from round t-1's start to round t's holds round t-1's launch on
+    the host, the processing of round t-2's result (which waits for the GPU to finish round t-2) and the scheduling
+    of round t: in wall time, what one round costs, whichever of the host and the GPU is the bottleneck. It is
+    attributed only when rounds t-2 and t-1 verified the same candidate in the same batch bucket (both readings of
+    the interval then agree), to that candidate at round t-1's batch size. An interval that spans another kind of
+    batch (a prefill, a grammar batch: :meth:`interrupt`) or lasts longer than :data:`MAX_PERIOD_S` is dropped."""
+
+    def __init__(self, bucket: Any, clock: Any = None):
+        self.bucket = bucket
+        self.clock = clock or time.perf_counter
+        self.prev: tuple[int, int] | None = None  # (candidate, bucket) of round t-2
+        self.last: tuple[int, int, int, float] | None = None  # (candidate, batch size, bucket, start) of round t-1
+        self.pending: list[tuple[int, int, float]] = []
+
+    def begin(self, candidate: int, batch_size: int) -> None:
+        now = self.clock()
+        if self.last is not None:
+            last_candidate, last_batch, last_bucket, start = self.last
+            if self.prev == (last_candidate, last_bucket) and 0.0 < now - start <= MAX_PERIOD_S:
+                self.pending.append((last_candidate, last_batch, (now - start) * 1000.0))
+            self.prev = (last_candidate, last_bucket)
+        self.last = (candidate, batch_size, self.bucket(batch_size), now)
+
+    def end(self) -> None:
+        return None
+
+    def interrupt(self) -> None:
+        self.prev = self.last = None
+
+    def done(self) -> list[tuple[int, int, float]]:
+        out, self.pending = self.pending, []
+        return out
+
+
 class AutoBudget:
     """The per-step choice of one DDTREE worker (see the module docstring).
 
@@ -147,8 +196,16 @@ class AutoBudget:
         self.calibration = Calibration.create(int(block_size) - 1, device=self.device)
         self.tp_group = tp_group if int(getattr(tp_group, "world_size", 1) or 1) > 1 else None
         self.first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
-        self.costs = OnlineStepCost(self.candidates)  # this rank's measurements; the first rank's decide
-        self.timer = _StepTimer(self.device, clock)
+        self.clock_name = os.environ.get(STEP_CLOCK_ENV, "").strip().lower() or STEP_CLOCKS[0]
+        if self.clock_name not in STEP_CLOCKS:
+            raise ValueError(f"{STEP_CLOCK_ENV}={os.environ.get(STEP_CLOCK_ENV)!r}: use one of {list(STEP_CLOCKS)} "
+                             f"(unset: {STEP_CLOCKS[0]})")
+        if self.clock_name == "period":  # a sample needs two rounds of one candidate in a row
+            self.costs = OnlineStepCost(self.candidates, min_samples=4, refresh_burst=3)
+            self.timer: Any = _PeriodTimer(self.costs.bucket, clock)
+        else:  # this rank's measurements; the first rank's decide
+            self.costs = OnlineStepCost(self.candidates)
+            self.timer = _StepTimer(self.device, clock)
         self.expectations: collections.deque = collections.deque()
         self.expected = [0.0] * len(self.candidates)
         self._expected_sum = [0.0] * len(self.candidates)  # over every sample read: the stats' expected_mean
@@ -192,6 +249,11 @@ class AutoBudget:
         self.total[candidate] += 1
         self.timer.begin(candidate, batch_size)
         return candidate
+
+    def interrupt(self) -> None:
+        """A batch that is not a tree round ran (a prefill, a grammar batch): the period clock's interval spans it."""
+        if not self.fixed and isinstance(self.timer, _PeriodTimer):
+            self.timer.interrupt()
 
     def end_step(self) -> None:
         self.timer.end()
@@ -254,7 +316,7 @@ class AutoBudget:
         expected = ({name[c]: round(v / samples, 4) for c, v in zip(self.candidates, self._expected_sum, strict=True)}
                     if samples else {})
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
-                "step_ms": costs, "expected_mean": expected, "graphs": self.graphs}
+                "step_ms": costs, "clock": self.clock_name, "expected_mean": expected, "graphs": self.graphs}
 
     def write_stats(self) -> None:
         with open(self.stats_path, "a", encoding="utf-8") as fh:

@@ -310,14 +310,18 @@ class DDTreeWorker(DFlashWorkerV2):
         return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        auto = self._ddtree_auto
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            if auto is not None:
+                auto.interrupt()
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         if getattr(batch, "has_grammar", False):
+            if auto is not None:
+                auto.interrupt()
             # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree),
             # with the chain width's graphs when the auto budget captured them.
             self._ddtree_select_width(self.block_size)
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
-        auto = self._ddtree_auto
         candidate = auto.begin_step(len(batch.seq_lens)) if auto is not None else None  # times the whole round
         self._ddtree_capturing = True
         try:
