@@ -5,6 +5,8 @@
 
 - ``systemd_unit_parse``: a unit file's text -> ordered sections and entries (so a role can re-render the SAME
   unit with only ExecStart changed, every other line kept).
+- ``systemd_unit_set_env``, ``systemd_unit_env_names``: set one variable in a parsed unit's ``Environment=``
+  lines; the names (never the values) a unit file's or drop-in's ``Environment=`` lines set.
 - ``systemd_exec_lines``: an argv list -> ExecStart lines, the command on the first line and one flag (with its
   values) per following line, each word quoted for systemd.
 - ``dflash_drafter_check``: a drafter's and a target's config.json (and the plugin's resolved drafter) -> whether
@@ -158,6 +160,35 @@ def systemd_unit_set_env(sections: Any, name: str, value: Any) -> list[dict[str,
                            {"key": "Environment", "value": _systemd_cmdline.quote_word(wanted)})
         out.append({**section, "entries": entries})
     return out
+
+
+def systemd_unit_env_names(text: Any) -> list[str]:
+    """The names of the variables a unit file's (or a drop-in's) ``Environment=`` lines set, sorted; never a value.
+
+    Read as systemd reads it: lines, sections, comments and continuation lines by module_utils
+    ``_systemd_unit.unit_file_entries``, each line's words (quotes, C escapes) by
+    ``_systemd_cmdline.split_command_line``. Only [Service] counts; a word sets a variable when it is ``NAME=...``
+    with a valid name (systemd ignores any other word); an empty ``Environment=`` resets the list, so what this text
+    set before it is left out; of a line with an unterminated quote, the words before it count. None is no text.
+    """
+    if text is None:
+        return []
+    if not isinstance(text, str):
+        raise AnsibleFilterError(
+            f"systemd_unit_env_names expects a unit file's text (a string), got {type(text).__name__}"
+        )
+    names: list[str] = []
+    for section, key, value in _systemd_unit.unit_file_entries(text):
+        if section != "Service" or key != "Environment":
+            continue
+        if not value:
+            names = []  # "Environment=" resets the list
+            continue
+        for word in _systemd_cmdline.split_command_line(value, separators=False, partial=True):
+            name = word.split("=", 1)[0]
+            if "=" in word and _ENV_NAME.fullmatch(name):
+                names.append(name)
+    return sorted(set(names))
 
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}\-]+$")
@@ -837,6 +868,7 @@ class FilterModule:
             "systemd_unit_parse": systemd_unit_parse,
             "systemd_unit_header": systemd_unit_header,
             "systemd_unit_set_env": systemd_unit_set_env,
+            "systemd_unit_env_names": systemd_unit_env_names,
             "systemd_exec_lines": systemd_exec_lines,
             "dflash_drafter_check": dflash_drafter_check,
             "sglang_ddtree_cli": sglang_ddtree_cli,

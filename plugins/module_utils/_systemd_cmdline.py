@@ -49,7 +49,7 @@ def join_continuation_lines(text: str) -> str:
     return " ".join(out)
 
 
-def split_command_line(text: str, separators: bool = True) -> list[str]:
+def split_command_line(text: str, separators: bool = True, partial: bool = False) -> list[str]:
     """Split a command line the way systemd splits ExecStart (systemd.syntax(7), systemd.service(5)).
 
     Words are separated by whitespace; double or single quotes group (also inside a word); C escapes
@@ -57,7 +57,8 @@ def split_command_line(text: str, separators: bool = True) -> list[str]:
     backslash continues the line. ``$VAR``, ``${VAR}`` and ``%`` specifiers are kept literally (systemd
     expands them when it starts the command). With ``separators``, a lone ``;`` word (several commands)
     raises ValueError; ``\\;`` is a literal semicolon word.
-    Raises ValueError on an unterminated quote.
+    Raises ValueError on an unterminated quote; with ``partial``, returns the words before it instead (systemd keeps
+    them from an ``Environment=`` line and ignores the rest, "Invalid syntax").
     """
     text = join_continuation_lines(text)
     words: list[str] = []
@@ -97,6 +98,8 @@ def split_command_line(text: str, separators: bool = True) -> list[str]:
         in_word = True
         i += 1
     if quote:
+        if partial:
+            return words
         raise ValueError(f"unterminated {quote} quote in command line: {text!r}")
     if in_word:
         words.append(_finish_word(cur, escaped_semicolon, separators, len(words)))

@@ -150,6 +150,72 @@ def test_unit_set_env_quotes_a_value_with_spaces_and_refuses_bad_input():
         f.systemd_unit_set_env(f.systemd_unit_parse("[Unit]\nA=1\n"), "X", "v")
 
 
+S = "[Service]\n"  # the section whose Environment= lines count
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (S + "Environment=SGLANG_DDTREE_BUDGET=8\n", ["SGLANG_DDTREE_BUDGET"]),
+        # systemd joins a line ending in a backslash with the next one
+        (S + "Environment=A=1 \\\n  SGLANG_DDTREE_BUDGET=8\n", ["A", "SGLANG_DDTREE_BUDGET"]),
+        # a comment line inside the continuation is skipped, the continuation goes on after it
+        (S + "Environment=A=1 \\\n# SGLANG_DDTREE_BUDGET=8 \\\n  B=2\n", ["A", "B"]),
+        # a comment does not continue: the next line is an assignment of its own
+        (S + "# Environment=X=1 \\\nEnvironment=SGLANG_DDTREE_BUDGET=8\n", ["SGLANG_DDTREE_BUDGET"]),
+        (S + "#Environment=SGLANG_DDTREE_BUDGET=8\n; Environment=SGLANG_DDTREE_BUDGET=8\n", []),
+        # quoting and escapes of Environment= words
+        (S + 'Environment="SGLANG_DDTREE_BUDGET=8" "X=1"\n', ["SGLANG_DDTREE_BUDGET", "X"]),
+        (S + "Environment='SGLANG_DDTREE_BUDGET=8 9' Y=\"a b\"\n", ["SGLANG_DDTREE_BUDGET", "Y"]),
+        (S + 'Environment=SGLANG_DDTREE_BUDGET"=8"\n', ["SGLANG_DDTREE_BUDGET"]),
+        (S + "Environment=SGLANG_DDTREE_\\x42UDGET=8\n", ["SGLANG_DDTREE_BUDGET"]),
+        (S + 'Environment="A=1 SGLANG_DDTREE_BUDGET=8"\n', ["A"]),  # one word: A's value
+        # systemd has no comment at the end of a line: '#' is a word (not an assignment), the next one sets
+        (S + "Environment=A=1 # SGLANG_DDTREE_BUDGET=8\n", ["A", "SGLANG_DDTREE_BUDGET"]),
+        # the name inside another variable's value, or a longer name
+        (S + "Environment=NOTE=SGLANG_DDTREE_BUDGET=8\n", ["NOTE"]),
+        (S + "Environment=MY_SGLANG_DDTREE_BUDGET=1 SGLANG_DDTREE_BUDGET_X=2\n",
+         ["MY_SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_BUDGET_X"]),
+        # only [Service] (section names are case-sensitive), and only the Environment key
+        ("[Unit]\nEnvironment=SGLANG_DDTREE_BUDGET=8\n[service]\nEnvironment=X=1\n[X-Service]\nEnvironment=Y=1\n",
+         []),
+        ("Environment=SGLANG_DDTREE_BUDGET=8\n[Unit]\nDescription=x\n", []),  # before any section
+        ("[Unit]\nDescription=x\n" + S + "Environment=A=1\n[Install]\nWantedBy=multi-user.target\n"
+         + S + " Environment = B=2\n", ["A", "B"]),
+        (S + "environment=X=1\nEnvironmentFile=/etc/x\nUnsetEnvironment=Y\nExecStart=/bin/env Z=1 x\n", []),
+        # words that are no assignment (systemd ignores them): no '=', an invalid or empty name
+        (S + "Environment=SGLANG_DDTREE_BUDGET\n", []),
+        (S + 'Environment==8 1X=1 BAD-NAME=1 "" "A\\n=1" OK=1\n', ["OK"]),
+        # an empty Environment= resets the list: what came before it is gone
+        (S + "Environment=SGLANG_DDTREE_BUDGET=8 A=1\nEnvironment=\nEnvironment=B=2\n", ["B"]),
+        (S + "Environment=SGLANG_DDTREE_BUDGET=8\nEnvironment=  \n", []),
+        (S + "Environment=\nEnvironment=SGLANG_DDTREE_BUDGET=8\n", ["SGLANG_DDTREE_BUDGET"]),
+        # an unterminated quote: the words before it count, systemd ignores the rest of the line
+        (S + 'Environment=A=1 "SGLANG_DDTREE_BUDGET=8\nEnvironment=B=2\n', ["A", "B"]),
+        # each name once, sorted
+        (S + "Environment=B=1 A=1\nEnvironment=B=2\n", ["A", "B"]),
+        ("", []),
+        (None, []),
+    ],
+    ids=["plain", "continuation", "comment-in-continuation", "comment-does-not-continue", "commented-out",
+         "double-quoted-words", "single-quoted-word", "quote-inside-word", "escaped-name", "name-in-quoted-value",
+         "hash-is-a-word", "name-in-value", "prefix-and-suffix-names", "other-sections", "before-any-section",
+         "several-service-sections", "other-keys", "no-assignment", "invalid-names", "reset-line",
+         "reset-at-the-end", "reset-then-set", "unterminated-quote", "sorted-once", "empty", "none"],
+)
+def test_unit_env_names(text, names):
+    assert f.systemd_unit_env_names(text) == names
+
+
+def test_unit_env_names_never_returns_a_value_and_needs_text():
+    text = S + 'Environment=HF_TOKEN=hf-secret-1 "DB_URL=postgres://u:pw-secret-2@h/db"\n'
+    got = f.systemd_unit_env_names(text)
+    assert got == ["DB_URL", "HF_TOKEN"] and "secret" not in repr(got)
+    for bad in ([], {"content": "x"}, 1):
+        with pytest.raises(AnsibleFilterError, match="expects a unit file's text"):
+            f.systemd_unit_env_names(bad)
+
+
 @pytest.mark.parametrize(
     ("argv", "lines"),
     [
@@ -361,6 +427,7 @@ def test_filters_are_registered():
         "systemd_unit_parse",
         "systemd_unit_header",
         "systemd_unit_set_env",
+        "systemd_unit_env_names",
         "systemd_exec_lines",
         "dflash_drafter_check",
         "sglang_ddtree_cli",

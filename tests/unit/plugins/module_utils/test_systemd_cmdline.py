@@ -41,6 +41,15 @@ def test_split_errors(text, match):
 
 
 @pytest.mark.parametrize(
+    ("text", "words"),
+    [('A=1 "B=2 C=3', ["A=1"]), ("A=1 B='x", ["A=1"]), ('"A=1', []), ('A=1 "B=2" C=3', ["A=1", "B=2", "C=3"])],
+)
+def test_split_partial_keeps_the_words_before_an_unterminated_quote(text, words):
+    # what systemd keeps of an Environment= line with invalid syntax (it ignores the rest of the line)
+    assert s.split_command_line(text, separators=False, partial=True) == words
+
+
+@pytest.mark.parametrize(
     "word",
     [
         "plain",
