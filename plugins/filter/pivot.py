@@ -162,8 +162,10 @@ def systemd_unit_set_env(sections: Any, name: str, value: Any) -> list[dict[str,
     return out
 
 
-def systemd_unit_env_names(text: Any) -> list[str]:
+def systemd_unit_env_names(text: Any, reset_marker: str | None = None) -> list[str]:
     """The names of the variables a unit file's (or a drop-in's) ``Environment=`` lines set, sorted; never a value.
+    With ``reset_marker``, the marker is in the list too when the text has an empty ``Environment=`` in [Service]
+    (in a drop-in it drops every ``Environment=`` the unit file and earlier drop-ins set).
 
     Read as systemd reads it: lines, sections, comments and continuation lines by module_utils
     ``_systemd_unit.unit_file_entries``, each line's words (quotes, C escapes) by
@@ -178,16 +180,19 @@ def systemd_unit_env_names(text: Any) -> list[str]:
             f"systemd_unit_env_names expects a unit file's text (a string), got {type(text).__name__}"
         )
     names: list[str] = []
+    reset = False
     for section, key, value in _systemd_unit.unit_file_entries(text):
         if section != "Service" or key != "Environment":
             continue
         if not value:
-            names = []  # "Environment=" resets the list
+            names, reset = [], True  # "Environment=" resets the list
             continue
         for word in _systemd_cmdline.split_command_line(value, separators=False, partial=True):
             name = word.split("=", 1)[0]
             if "=" in word and _ENV_NAME.fullmatch(name):
                 names.append(name)
+    if reset and reset_marker is not None:
+        names.append(str(reset_marker))
     return sorted(set(names))
 
 

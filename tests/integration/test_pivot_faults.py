@@ -578,8 +578,8 @@ def test_the_budget_policy_is_written_into_the_same_unit(lab, tmp_path) -> None:
         run = pivot(tmp_path / "dropin", "-e", "sglang_preflight_budget_policy=auto")
         assert run.rc != 0
         out = " ".join(run.out.split())
-        assert (f"but the drop-in {dropin} sets SGLANG_DDTREE_BUDGET too and would win over the unit's line. Remove it "
-                "there, or leave sglang_preflight_budget_policy empty") in out, run.tail()
+        assert (f"but the drop-in {dropin} sets (or drops) SGLANG_DDTREE_BUDGET too and would win over the unit's "
+                "line. Remove it there, or leave sglang_preflight_budget_policy empty") in out, run.tail()
         assert_unchanged(before, lk.state())
     finally:
         lk.sh(lk.INFERENCE, f"rm -rf {dropin.rsplit('/', 1)[0]} && systemctl daemon-reload")

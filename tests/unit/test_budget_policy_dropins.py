@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-DROPINS = {  # path -> (text, whether it sets SGLANG_DDTREE_BUDGET for systemd)
+DROPINS = {  # path -> (text, whether it sets SGLANG_DDTREE_BUDGET for systemd; "reset": it drops the unit's)
     "/etc/systemd/system/sglang.service.d/10-continued.conf":
         ("[Service]\nEnvironment=HF_HOME=/data/hf \\\n    SGLANG_DDTREE_BUDGET=8\n", True),
     "/etc/systemd/system/sglang.service.d/20-quoted.conf":
@@ -32,6 +32,9 @@ DROPINS = {  # path -> (text, whether it sets SGLANG_DDTREE_BUDGET for systemd)
     "/etc/systemd/system/sglang.service.d/60-other-section.conf":
         ("[Unit]\nEnvironment=SGLANG_DDTREE_BUDGET=8\n[Service]\nEnvironment=A=1 \\\n"
          "#  SGLANG_DDTREE_BUDGET=8 \\\n  B=2\n", False),
+    # an empty Environment= in a drop-in drops every Environment= of the unit file: the policy's line with them
+    "/etc/systemd/system/sglang.service.d/70-reset.conf":
+        ("[Service]\nEnvironment=\nEnvironment=HF_HOME=/data/hf\n", "reset"),
 }
 
 PLAYBOOK = """
@@ -80,9 +83,11 @@ def test_the_dropins_that_set_the_budget_are_named_as_systemd_reads_them(tmp_pat
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env, check=False,
     )  # fmt: skip
     output = " ".join((proc.stdout + proc.stderr).split())
-    expected = [f"the drop-in {path}" for path, (text, sets) in DROPINS.items() if sets]
+    expected = [f"the drop-in {path}" for path, (text, sets) in DROPINS.items() if sets is True]
+    expected += [f"the drop-in {path} (its empty Environment= drops the unit file's)"
+                 for path, (text, sets) in DROPINS.items() if sets == "reset"]
     assert json.loads(out.read_text()) == expected, output[-4000:]
     # the policy is refused, naming those drop-ins and no other
     assert proc.returncode != 0
-    assert (f"{', '.join(expected)} sets SGLANG_DDTREE_BUDGET too and would win over the unit's line") in output, \
-        output[-4000:]
+    assert (f"{', '.join(expected)} sets (or drops) SGLANG_DDTREE_BUDGET too and would win over the unit's line"
+            ) in output, output[-4000:]

@@ -207,6 +207,20 @@ def test_unit_env_names(text, names):
     assert f.systemd_unit_env_names(text) == names
 
 
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (S + "Environment=\nEnvironment=A=1\n", ["=", "A"]),  # the reset drops the unit file's lines: marked
+        (S + "Environment=A=1\n", ["A"]),
+        ("[Unit]\nEnvironment=\n" + S + "Environment=A=1\n", ["A"]),  # not [Service]: no reset
+        (S + "Environment=  \n", ["="]),
+    ],
+)
+def test_unit_env_names_marks_a_reset_when_asked(text, names):
+    assert f.systemd_unit_env_names(text, reset_marker="=") == names
+    assert "=" not in f.systemd_unit_env_names(text)
+
+
 def test_unit_env_names_never_returns_a_value_and_needs_text():
     text = S + 'Environment=HF_TOKEN=hf-secret-1 "DB_URL=postgres://u:pw-secret-2@h/db"\n'
     got = f.systemd_unit_env_names(text)
