@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from local_playbook import run_local_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,19 +68,7 @@ def test_the_dropins_that_set_the_budget_are_named_as_systemd_reads_them(tmp_pat
     out = tmp_path / "overrides.json"
     book = tmp_path / "book.yml"
     book.write_text(PLAYBOOK.format(repo=REPO, out=out))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="default",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
-        ANSIBLE_NOCOLOR="1",
-    )
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(book),
-         "-e", f"@{tmp_path / 'facts.json'}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=env, check=False,
-    )  # fmt: skip
+    proc = run_local_playbook(book, tmp_path, "-e", f"@{tmp_path / 'facts.json'}")
     output = " ".join((proc.stdout + proc.stderr).split())
     expected = [f"the drop-in {path}" for path, (text, sets) in DROPINS.items() if sets is True]
     expected += [f"the drop-in {path} (its empty Environment= drops the unit file's)"

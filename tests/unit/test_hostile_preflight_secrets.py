@@ -11,10 +11,9 @@ Not the lab: no systemd, no container, no SGLang server (the lab test that greps
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from local_playbook import run_local_playbook
 from systemd_standin import write_unit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,17 +98,7 @@ def test_preflight_reads_the_secrets_back_and_shows_none(tmp_path):
             rendered=rendered,
         )
     )
-    env.update(
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="default",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
-        ANSIBLE_NOCOLOR="1",
-    )
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(book), "-vvvv", "--diff"],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False,
-    )  # fmt: skip
+    proc = run_local_playbook(book, tmp_path, "-vvvv", "--diff", env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for value in PLANTED:

@@ -1,0 +1,30 @@
+"""Run a playbook with this checkout's ansible-playbook on localhost (connection local), shared by the unit tests
+that drive a role's real task files without a lab: the repository's ansible.cfg, a private local temp dir, this
+interpreter as the target's Python, plain-text output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_local_playbook(book: Path, tmp_path: Path, *args: str, env: dict | None = None,
+                       timeout: float = 300) -> subprocess.CompletedProcess:
+    """``ansible-playbook -i localhost, BOOK ARGS...`` from the repository root; ``env`` (default: this process's
+    environment) gets the Ansible settings above. Never raises on a failed play: the caller reads ``returncode``."""
+    env = dict(os.environ if env is None else env)
+    env.update(
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="default",
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+        ANSIBLE_NOCOLOR="1",
+    )
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(book), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False,
+    )  # fmt: skip
