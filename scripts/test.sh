@@ -76,7 +76,8 @@ lab_integration() {
 }
 releases_in_between() {
   local fast=(sglang-ddtree/tests/sglang/test_registration.py sglang-ddtree/tests/sglang/test_server_args.py
-              sglang-ddtree/tests/sglang/test_fail_loudly.py sglang-ddtree/tests/sglang/test_dflash_branches.py)
+              sglang-ddtree/tests/sglang/test_fail_loudly.py sglang-ddtree/tests/sglang/test_dflash_branches.py
+              sglang-ddtree/tests/sglang/test_kv_rows.py)
   local venv v pids=() logs=() i rc=0
   for venv in .venv-sglang-*; do
     [ -x "$venv/bin/python" ] || continue
