@@ -89,6 +89,9 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                         reference_tau(log, method, budget, r["temperature"]) if method != "none" else 1.0),
                     "tau_zlab": zlab_tau(log, method, r["temperature"]),
                     "tok_s": round(r["tok_s"], 1),
+                    # wall time per decode round: tokens per round (tau per request x batch) over tokens per ms
+                    "ms_per_round": round(1000.0 * (r["tau"] if method != "none" else 1.0) * r["batch"] / r["tok_s"], 3)
+                    if r["tok_s"] else None,
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
                     **({"budget_histogram": (rec.get("budget_stats") or {}).get("budget_histogram"),
                         "graphs": (rec.get("budget_stats") or {}).get("graphs")} if auto else {}),

@@ -55,6 +55,8 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     rows = {(r["method"], r["budget"], r["batch"]): r for r in tau.table_rows(runs, log)}
     assert rows[("dflash", None, 1)]["speedup"] == 1.8 and rows[("dflash", None, 1)]["tau_reference"] == 2.65
     assert rows[("dflash", None, 1)]["tau_zlab"] == 2.57
+    assert rows[("dflash", None, 1)]["ms_per_round"] == 15.0  # 2.7 tokens a round at 180 tokens/s
+    assert rows[("ddtree", 4, 8)]["ms_per_round"] == pytest.approx(41.6)  # 8 x 2.6 tokens a round at 500 tokens/s
     auto = rows[("ddtree-auto", "auto", 1)]
     assert auto["speedup"] == 2.3 and auto["budget_histogram"] == {"chain": 1, "16": 9}
     assert auto["tau_reference"] is None  # the reference engine has no auto budget
