@@ -124,6 +124,10 @@ class _StepTimer:
             stop = self.clock()
         self.pending.append((candidate, batch_size, start, stop))
 
+    def interrupt(self) -> None:
+        """Nothing to drop: each round is timed on its own."""
+        return None
+
     def done(self) -> list[tuple[int, int, float]]:
         """(candidate, batch size, ms) of every finished step, oldest first; never waits."""
         out = []
@@ -252,8 +256,7 @@ class AutoBudget:
 
     def interrupt(self) -> None:
         """A batch that is not a tree round ran (a prefill, a grammar batch): the period clock's interval spans it."""
-        if not self.fixed and isinstance(self.timer, _PeriodTimer):
-            self.timer.interrupt()
+        self.timer.interrupt()
 
     def end_step(self) -> None:
         self.timer.end()

@@ -62,14 +62,10 @@ def _configured(args: tuple, kwargs: dict, name: str = "speculative_algorithm") 
         return None
 
 
-def _configured_algorithm_name(args: tuple, kwargs: dict) -> str | None:
-    return _configured(args, kwargs)
-
-
 def spec_need_hidden_states_hook(original, *args: Any, **kwargs: Any) -> bool:
     from .server_args import ALGORITHM_NAME
 
-    name = _configured_algorithm_name(args, kwargs)
+    name = _configured(args, kwargs)
     if name is not None and str(name).upper() == ALGORITHM_NAME:
         return False
     return original(*args, **kwargs)
@@ -134,7 +130,7 @@ def req_to_token_extra_hook(original, *args: Any, **kwargs: Any) -> int:
     from .server_args import ALGORITHM_NAME
 
     extra = original(*args, **kwargs)
-    name = _configured_algorithm_name(args, kwargs)
+    name = _configured(args, kwargs)
     width = _configured(args, kwargs, "speculative_num_draft_tokens")
     if name is None or str(name).upper() != ALGORITHM_NAME or not width:
         return extra
