@@ -213,16 +213,18 @@ def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, di
 def run_speed(engine, vocab: int, algo: str, repeats: int, context: int = 32,
               batches: tuple[int, ...] = (1, 8, 32)) -> dict:
     """ms per decode step per batch size: the warm-up generate fills the prefix cache with the same prompts, so the
-    timed generates prefill almost nothing (a hybrid target without radix cache prefills every time)."""
+    timed generates prefill almost nothing (a hybrid target without radix cache prefills every time). Each row keeps
+    the first timed generate's greedy tokens (``outputs``, one list per request)."""
     rows = []
     for bs in batches:
         batch = prompts(vocab, bs, context, seed=100 + bs)
         generate(engine, batch, 16)  # warm-up (graphs, allocator)
-        per_step, per_token = [], []
+        per_step, per_token, first = [], [], None
         for _ in range(repeats):
             t0 = time.perf_counter()
             outs = generate(engine, batch, 128)
             wall = time.perf_counter() - t0
+            first = first or [o["output_ids"] for o in outs]
             completion = [o["meta_info"]["completion_tokens"] for o in outs]
             # decode steps per request: verify rounds with speculation, one per token without
             steps = [
@@ -241,6 +243,7 @@ def run_speed(engine, vocab: int, algo: str, repeats: int, context: int = 32,
                 "ms_per_step_max": max(per_step),
                 "tokens_per_step": statistics.median(per_token),
                 "accept_length_meta": [o["meta_info"].get("spec_accept_length") for o in outs][:4],
+                "outputs": first,  # greedy tokens of the first timed generate: step_cost.py's identity check
             }
         )
     return {"speed": rows}

@@ -13,8 +13,10 @@ profiled window includes the (cached) prefill, so per-step counts are upper boun
 takes, e.g. bench/gpu/shapes.py's config-only shapes (random weights: nothing is accepted, every step verifies a
 full block or tree). Written ``step-cost-<label>.json``: ``{"sglang", "gpu", "commit", "rows": [{"target",
 "batch", "budget", "context", "none_ms", "dflash_ms", "ddtree_ms", "ddtree_over_dflash", "none_launches",
-"dflash_launches", "ddtree_launches", "*_syncs", "*_gpu_busy_ms"}]}`` (one row per DDTREE budget, batch and
-context).
+"dflash_launches", "ddtree_launches", "*_syncs", "*_gpu_busy_ms", "dflash_greedy_vs_none", "ddtree_greedy_vs_none"}]}``
+(one row per DDTREE budget, batch and context). ``*_greedy_vs_none``: the first timed generate's greedy tokens
+against no speculation's on the same prompts (``{"identical", "requests", "first_divergence"}``; random weights
+make near-ties, so a divergence is a lead to check with bench/gpu/lossless.py, not a verdict).
 """
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ def count_trace(events: list[dict]) -> dict:
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
     return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs, "gpu_busy_us": busy_time(kernels),
             "kernel_us": dict(top)}
+
+
+def greedy_identity(reference: list[list[int]] | None, outputs: list[list[int]] | None) -> dict | None:
+    """How many requests' greedy tokens equal the reference's (no speculation, same prompts), and where each
+    other one first differs (token index). None when either side recorded no tokens."""
+    if not reference or not outputs or len(reference) != len(outputs):
+        return None
+    divergence = []
+    for ref, out in zip(reference, outputs, strict=True):
+        if ref != out:
+            divergence.append(next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out))))
+    return {"identical": len(reference) - len(divergence), "requests": len(reference),
+            "first_divergence": sorted(divergence)}
 
 
 def read_traces(directory: Path) -> list[dict]:
@@ -158,6 +173,10 @@ def main() -> int:
                     row[f"{key}_syncs"] = p.get("syncs_per_step")
                     row[f"{key}_gpu_busy_ms"] = p.get("gpu_busy_ms_per_step")
                     row[f"{key}_kernels_us"] = p.get("kernel_us_per_step")
+                reference = by_batch("none", 0, context, "speed").get(batch, {}).get("outputs")
+                for algo, b in (("DFLASH", 0), ("DDTREE", budget)):
+                    outputs = by_batch(algo, b, context, "speed").get(batch, {}).get("outputs")
+                    row[f"{algo.lower()}_greedy_vs_none"] = greedy_identity(reference, outputs)
                 if row["dflash_ms"] and row["ddtree_ms"]:
                     row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
                 rows.append(row)
@@ -171,14 +190,18 @@ def main() -> int:
     def fmt(v, digits=2):
         return "-" if v is None else f"{v:.{digits}f}"
 
+    def same(identity):
+        return "-" if identity is None else f"{identity['identical']}/{identity['requests']}"
+
     print("| target | batch | budget | context | none ms | DFLASH ms | DDTREE ms | DDTREE/DFLASH "
-          "| launches DFLASH/DDTREE | GPU busy DFLASH/DDTREE ms |")
+          "| launches DFLASH/DDTREE | GPU busy DFLASH/DDTREE ms | same as none DFLASH/DDTREE |")
     for r in rows:
         print(
             f"| {r['target']} | {r['batch']} | {r['budget']} | {r['context']} | {fmt(r['none_ms'])} | "
             f"{fmt(r['dflash_ms'])} | {fmt(r['ddtree_ms'])} | {fmt(r.get('ddtree_over_dflash'), 3)} | "
             f"{fmt(r['dflash_launches'], 1)}/{fmt(r['ddtree_launches'], 1)} | "
-            f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} |"
+            f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} | "
+            f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} |"
         )
     return 0
 

@@ -1,0 +1,36 @@
+"""bench/gpu/step_cost.py's pure parts on the CPU: the greedy identity against no speculation that each step-cost
+row carries, and the GPU busy time (union of kernel intervals) it reads from a profile."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU_BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu"
+sys.path.insert(0, str(GPU_BENCH))
+import step_cost  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("reference", "outputs", "expected"),
+    [
+        ([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]], {"identical": 2, "requests": 2, "first_divergence": []}),
+        ([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [7, 5, 6]], {"identical": 0, "requests": 2, "first_divergence": [0, 2]}),
+        ([[1, 2, 3]], [[1, 2]], {"identical": 0, "requests": 1, "first_divergence": [2]}),  # stopped early
+        (None, [[1]], None),  # no reference run (cost-8b-context times no `none` engine)
+        ([[1]], None, None),
+        ([[1], [2]], [[1]], None),  # different request counts: not comparable
+    ],
+)
+def test_greedy_identity(reference, outputs, expected):
+    assert step_cost.greedy_identity(reference, outputs) == expected
+
+
+@pytest.mark.parametrize(
+    ("intervals", "busy"),
+    [([], 0.0), ([(0, 2), (1, 3)], 3.0), ([(0, 1), (2, 3)], 2.0), ([(0, 10), (2, 3), (4, 5)], 10.0)],
+)
+def test_busy_time_is_the_union(intervals, busy):
+    assert step_cost.busy_time(intervals) == busy
