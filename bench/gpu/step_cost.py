@@ -90,7 +90,8 @@ def greedy_identity(reference: list[list[int]] | None, outputs: list[list[int]] 
     divergence = []
     for ref, out in zip(reference, outputs, strict=True):
         if ref != out:
-            divergence.append(next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out))))
+            differ = (i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b)
+            divergence.append(next(differ, min(len(ref), len(out))))
     return {"identical": len(reference) - len(divergence), "requests": len(reference),
             "first_divergence": sorted(divergence)}
 

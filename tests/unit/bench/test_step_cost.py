@@ -10,7 +10,7 @@ import pytest
 
 GPU_BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu"
 sys.path.insert(0, str(GPU_BENCH))
-import step_cost  # noqa: E402
+import step_cost
 
 
 @pytest.mark.parametrize(
