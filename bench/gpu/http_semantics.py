@@ -1113,7 +1113,7 @@ def gpu_label() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", required=True, type=Path, help="MODELS/target and MODELS/drafter")
-    ap.add_argument("--work", required=True, type=Path, help="server logs and the rows as they come")
+    ap.add_argument("--work", required=True, type=Path, help="server logs, and a copy of the table")
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--context-length", type=int, default=1024)
     ap.add_argument("--gpu", default=None, help="label in the file name (default: from nvidia-smi)")
@@ -1162,12 +1162,14 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"gpu": gpu, "date": date, "sglang": sglang.__version__, "models": str(args.models),
             "budget": args.budget, "tie_margin": args.tie_margin, "logprob_tol": args.logprob_tol,
             "servers": {name: " ".join(s.argv[1:]) for name, s in servers.items()}, "restarts": guard.summary()}
-    args.results.mkdir(parents=True, exist_ok=True)
-    stem = args.results / f"http-semantics-{gpu}-{date}"
-    stem.with_suffix(".md").write_text(render(rows, meta))
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1))
+    # Also beside the server logs: on the lent GPU host only the work directory comes back (run_all.sh's archive).
+    for folder in (args.results, args.work):
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = folder / f"http-semantics-{gpu}-{date}"
+        stem.with_suffix(".md").write_text(render(rows, meta))
+        stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1))
+        print(f"written {stem}.md and .json")
     print(render(rows, meta))
-    print(f"written {stem}.md and .json")
     return exit_status(rows)
 
 

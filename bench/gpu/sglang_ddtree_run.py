@@ -59,7 +59,7 @@ def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool
     shape = models / "shape.json"
     if shape.exists():  # bench/gpu/shapes.py: config only, SGLang makes random weights on the GPU
         spec = json.loads(shape.read_text())
-        kwargs.update(load_format=spec["load_format"], mem_fraction_static=0.85)
+        kwargs.update(load_format=spec["load_format"], mem_fraction_static=0.85, **spec.get("engine_kwargs", {}))
         if spec.get("dummy_range"):  # wider dummy weights in the engine's processes (dummy_weights/sitecustomize.py)
             import os
 
@@ -295,7 +295,8 @@ def main() -> int:
 
     import sglang as sgl
 
-    vocab = json.loads((args.models / "target" / "config.json").read_text())["vocab_size"]
+    config = json.loads((args.models / "target" / "config.json").read_text())
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]  # Qwen3.5/3.6: in text_config
     t0 = time.perf_counter()
     kwargs = engine_kwargs(args.models, args.algo, args.budget, args.hybrid_radix_cache)
     if args.tp != 1:

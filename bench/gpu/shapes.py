@@ -97,6 +97,11 @@ def main() -> int:
         (d / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     spec = {"shape": args.shape, "load_format": "dummy", "dummy_range": args.dummy_range,
             "target_layers": target.get("text_config", target)["num_hidden_layers"]}
+    if args.shape == "qwen36-27b-hybrid-shape":
+        # A config-only checkpoint has no processor files, and SGLang's tokenizer manager loads the image processor
+        # of any model it treats as multimodal, skip_tokenizer_init or not (H100, 12-05: "Can't load image
+        # processor"). The prompts are token ids, so the text path is all that is timed.
+        spec["engine_kwargs"] = {"enable_multimodal": False}
     (args.out / "shape.json").write_text(json.dumps(spec) + "\n")
     layers = target.get("text_config", target)["num_hidden_layers"]
     print(f"{args.shape}: {args.out} (target {layers} layers, drafter block {BLOCK})")

@@ -138,7 +138,7 @@ def main() -> int:
     per_context = dict(item.split("=", 1) for item in args.context_batches.split(";") if item)
     budgets = [int(b) for b in args.budgets.split(",")]
     algos = args.algos.split(",")
-    runs = {}
+    runs, failed = {}, []
     for context in [int(c) for c in args.contexts.split(",")]:
         batches = per_context.get(str(context), args.batches)
         configs = [(a, 0) for a in algos if a != "DDTREE"] + [("DDTREE", b) for b in budgets if "DDTREE" in algos]
@@ -149,6 +149,8 @@ def main() -> int:
             rec = run_config(args.work / f"cost-{tag}.json", args.models, algo, budget or 16, "speed,profile", extra)
             if rec is not None:
                 runs[(algo, budget, context)] = rec
+            else:
+                failed.append(tag)
             if algo == "DDTREE" and args.ab_attention:
                 extra[extra.index("--profile-dir") + 1] = str(args.work / f"trace-{tag}-sglang-attention")
                 rec = run_config(args.work / f"cost-{tag}-sglang-attention.json", args.models, algo, budget,
@@ -204,7 +206,9 @@ def main() -> int:
             f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} | "
             f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} |"
         )
-    return 0
+    if failed:
+        print(f"engine runs failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

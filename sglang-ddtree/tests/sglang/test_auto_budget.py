@@ -92,20 +92,23 @@ def test_without_graphs_nothing_is_captured_and_wider_widths_are_refused():
     select_width(model_runner, {}, 5)  # no runners: nothing to point at
 
 
-def test_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
-    """The hybrid linear-attention backend keeps per-width graph state: nothing is captured beside the widest."""
+def test_with_the_variable_off_a_hybrid_targets_narrower_widths_run_eagerly(monkeypatch, caplog):
+    """SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=0 (the way out): nothing is captured beside the widest."""
     monkeypatch.setattr(StandInRunner, "built", [])
+    monkeypatch.setenv("SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS", "0")
     model_runner, base, backend = _model_runner(17)
     backend.update_mamba_state_after_mtp_verify = lambda **kwargs: None
     with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
         runners = capture_verify_widths(model_runner, [5, 9, 17], record := {})
     assert runners == {17: base} and StandInRunner.built == [] and record["eager"] == [9, 5]
     assert any("hybrid linear-attention target: verify widths [9, 5] run without CUDA graphs" in r.getMessage()
+               and "SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=0" in r.getMessage()
                for r in caplog.records)
 
 
-def test_with_the_variable_a_hybrid_targets_widths_get_graphs_and_linear_state_of_their_own(monkeypatch):
-    """SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=1: each narrower width's runner gets a hybrid backend sharing the
+@pytest.mark.parametrize("variable", [None, "1"])
+def test_a_hybrid_targets_widths_get_graphs_and_linear_state_of_their_own(monkeypatch, variable):
+    """By default (or SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=1) each narrower width's runner gets a hybrid backend sharing the
     full-attention backend (and its widest-sized buffers) and a copy of SGLang's own linear-attention backend class
     whose per-width graph state is built afresh at that width; the widest's state is untouched."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
@@ -114,7 +117,10 @@ def test_with_the_variable_a_hybrid_targets_widths_get_graphs_and_linear_state_o
     )
 
     monkeypatch.setattr(StandInRunner, "built", [])
-    monkeypatch.setenv("SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS", "1")
+    if variable is None:
+        monkeypatch.delenv("SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS", variable)
     linear = object.__new__(MambaAttnBackendBase)  # SGLang's class, its attributes set as its __init__ does
     for name in ("state_indices_list", "query_start_loc_list", "retrieve_next_token_list",
                  "retrieve_next_sibling_list", "retrieve_parent_token_list"):

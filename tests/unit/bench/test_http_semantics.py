@@ -616,6 +616,8 @@ def test_live_main_against_the_lab_standin_twice(standin_models, tmp_path):
     rows = [hs.Row(**r) for r in record["rows"]]
     assert status == 0 == hs.exit_status(rows), md[0].read_text()
     assert "| feature | endpoint | DDTREE vs none verdict | detail |" in md[0].read_text()
+    copy = tmp_path / "work" / md[0].name  # the copy that run_all.sh's archive brings back from the GPU host
+    assert copy.read_text() == md[0].read_text()
     assert "sglang_lab_server" in record["servers"]["DDTREE"] and "DDTREE" in record["servers"]["DDTREE"]
     by = {(r.endpoint, r.feature.split(" (")[0].split(" [")[0]): r for r in rows}
     assert by[(hs.GENERATE, "greedy")].verdict == hs.SAME

@@ -24,11 +24,11 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
 
 Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
 extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
-and :func:`select_width` points the model runner at the runner of the step's width. A width without a runner
-runs eagerly (SGLang's own uniform-width check refuses a graph of another width): by default every width but the
-widest on hybrid linear-attention targets, whose backend keeps per-width graph state (``HYBRID_GRAPHS_ENV=1`` gives
-each width a backend of its own instead: :func:`hybrid_width_backend`). The measured costs then
-include the eager run, so the choice only takes a narrower width where it pays even so.
+and :func:`select_width` points the model runner at the runner of the step's width. On hybrid linear-attention
+targets, whose backend keeps per-width graph state, each width gets a backend of its own
+(:func:`hybrid_width_backend`); ``HYBRID_GRAPHS_ENV=0`` captures the widest only instead. A width without a runner
+runs eagerly (SGLang's own uniform-width check refuses a graph of another width); the measured costs then include
+the eager run, so the choice only takes a narrower width where it pays even so.
 """
 
 from __future__ import annotations
@@ -361,14 +361,13 @@ def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | N
     if not extra:
         return runners
     hybrid = hasattr(backend, "update_mamba_state_after_mtp_verify")
-    if hybrid and os.environ.get(HYBRID_GRAPHS_ENV, "") != "1":
+    if hybrid and os.environ.get(HYBRID_GRAPHS_ENV, "1") == "0":
         # The hybrid linear-attention backend precomputes per-width graph state (query start offsets and the
-        # retrieve buffers, [bs, width]) in init_cuda_graph_state: sharing the widest's would replay a narrower
-        # verify with the widest's offsets. Narrower widths run eagerly (exact; their measured cost says so),
-        # unless HYBRID_GRAPHS_ENV gives each width a backend of its own (hybrid_width_backend).
+        # retrieve buffers, [bs, width]) in init_cuda_graph_state, so a narrower width needs a backend of its own
+        # (hybrid_width_backend, the default); with HYBRID_GRAPHS_ENV=0 narrower widths run eagerly (exact; their
+        # measured cost says so).
         logger.warning("DDTREE budget: hybrid linear-attention target: verify widths %s run without CUDA graphs "
-                       "(only the widest, %d, has them; %s=1 captures them too, not yet checked on a GPU)",
-                       extra, widest, HYBRID_GRAPHS_ENV)
+                       "(only the widest, %d, has them: %s=0)", extra, widest, HYBRID_GRAPHS_ENV)
         if record is not None:
             record.update(widest=widest, widths=[], eager=extra, seconds=0.0, gb=0.0)
         return runners
@@ -397,8 +396,10 @@ def capture_verify_widths(model_runner: Any, widths: list[int], record: dict | N
     return runners
 
 
-#: ``1``: hybrid linear-attention targets get CUDA graphs at every verify width (:func:`hybrid_width_backend`), not
-#: only at the widest. Off by default until bench/gpu/lossless.py's hybrid run has shown it exact on a GPU.
+#: Hybrid linear-attention targets get CUDA graphs at every verify width (:func:`hybrid_width_backend`) unless this
+#: is ``0`` (the widest only; the others eager). On by default since bench/gpu/lossless.py's hybrid run showed it
+#: exact (H100, 12-05: auto, widths 5, 8, 9 and 17 all replayed as graphs, 32/32 prompts at batch 1, 3 and 16,
+#: graph and eager logits equal; bench/results/lossless-hybrid-auto-h100-2026-12-05.json).
 HYBRID_GRAPHS_ENV = "SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS"
 #: The per-graph state a linear-attention backend (SGLang's MambaAttnBackendBase) builds in init_cuda_graph_state and
 #: refreshes at each replay, sized by the verify width: a width's own backend starts with these empty.
