@@ -17,7 +17,7 @@
 # glue-check (the fused glue kernels compiled on the GPU against their torch references; the start-up warm-up, and
 # that rounds after it compile no new variant), cost-8b, cost-hybrid,
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
-# shapes; HYBRID_LAYERS, default 32; COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
+# shapes; HYBRID_LAYERS, default 40 on a GPU of 130 GB or more, else 20 (hybrid_layers); COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
@@ -75,6 +75,16 @@ sglang_setup() {
 
 gpu() { bash bench/gpu/sglang_ddtree_gpu.sh "$@"; }
 
+# The Qwen3.6-27B hybrid shape's depth for this GPU. Besides the weights (about 0.77 GB a layer, 8 GB of
+# embeddings and drafter), SGLang reserves every GatedDeltaNet layer's recurrent state (3.2 MB a request at these
+# widths) for each of the verify's tokens of each running request, 17 x 33 at budget 16 and batch 32: 32 layers
+# left no KV cache on an H100 (12-05, "Loaded weights leave no GPU memory for the KV cache").
+hybrid_layers() {
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  if [ "${mib:-0}" -ge 130000 ]; then echo 40; else echo 20; fi
+}
+
 train_wait() {  # until train_pair.py (train-start) has finished, within this call's time
   while [ ! -e "$STATE/train.rc" ]; do
     if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
@@ -117,7 +127,7 @@ run_step() {
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
           --contexts 128 --budgets ${COST_BUDGETS:-16} --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB:+--ab-attention}" ;;
     cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
-          --layers ${HYBRID_LAYERS:-32} &&
+          --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
           --label qwen36-27b-hybrid-shape --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} \
           --repeats ${COST_REPEATS:-5}" ;;
