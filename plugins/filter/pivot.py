@@ -402,23 +402,69 @@ def sglang_ddtree_cli(result: Mapping[str, Any], command: str) -> dict[str, Any]
     return out
 
 
-def sglang_flag(argv: Sequence[str], names: str | Sequence[str], default: Any = None) -> Any:
+#: ``sglang_flag``'s ``type``: how SGLang's argparse reads the flag.
+SGLANG_FLAG_TYPES = ("raw", "int", "float", "bool")
+
+
+def sglang_flag(
+    argv: Sequence[str], names: str | Sequence[str], default: Any = None, type: str = "raw"
+) -> Any:
     """Value of the last occurrence of a flag in an argv (``--flag value`` or ``--flag=value``), else ``default``.
 
-    ``names`` may list aliases (``["--tp-size", "--tensor-parallel-size", "--tp"]``). A flag given without a value
-    (followed by another flag or at the end) yields ``True``.
+    ``names`` may list aliases (``["--tp-size", "--tensor-parallel-size", "--tp"]``). With ``type`` ``raw`` (the
+    default) the value is the word as written, and a flag given without a value (followed by another flag or at the
+    end) yields ``True``. The other types read the value as SGLang's argparse does and raise
+    :class:`AnsibleFilterError` (naming the flag, the value and the fix) where it would refuse the command line:
+
+    - ``int`` / ``float``: an option with ``type=int`` / ``type=float`` (``--max-running-requests``,
+      ``--mamba-full-memory-ratio``): ``int(word)`` / ``float(word)``; a missing value is an error.
+    - ``bool``: a switch (``action="store_true"``, ``--disable-radix-cache``): present is ``True``, absent is
+      ``default`` (``False`` when that is None); ``--flag=value`` or a word after the switch that is not a flag is an
+      error (argparse: "ignored explicit argument", "unrecognized arguments").
     """
+    if type not in SGLANG_FLAG_TYPES:
+        raise AnsibleFilterError(f"sglang_flag: type={type!r}, choose one of {', '.join(SGLANG_FLAG_TYPES)}")
     if isinstance(names, str):
         names = [names]
-    value = default
+    value = default if default is not None or type != "bool" else False
     words = [str(w) for w in argv]
+    fix = "fix it in the unit's ExecStart (or sglang_preflight_extra_args)"
     for i, word in enumerate(words):
         for name in names:
+            nxt = words[i + 1] if i + 1 < len(words) else None
             if word == name:
-                nxt = words[i + 1] if i + 1 < len(words) else None
-                value = True if nxt is None or nxt.startswith("--") else nxt
+                given = None if nxt is None or nxt.startswith("--") else nxt
             elif word.startswith(name + "="):
-                value = word[len(name) + 1 :]
+                given = word[len(name) + 1 :]
+            else:
+                continue
+            if type == "raw":
+                value = True if given is None else given
+            elif type == "bool":
+                if word != name:
+                    raise AnsibleFilterError(
+                        f"{word!r}: {name} is a switch without a value (SGLang's argparse: store_true), so SGLang "
+                        f"refuses '=value' after it; write {name} alone to set it, or leave it out; {fix}"
+                    )
+                if given is not None:
+                    raise AnsibleFilterError(
+                        f"{name} {given!r}: {name} is a switch without a value (SGLang's argparse: store_true), so "
+                        f"SGLang refuses {given!r} after it as an unrecognized argument; {fix}"
+                    )
+                value = True
+            else:
+                number = {"int": "an integer", "float": "a number"}[type]
+                if given is None:
+                    raise AnsibleFilterError(
+                        f"{name} has no value: SGLang's argparse expects one argument, {number}; {fix}"
+                    )
+                try:
+                    value = int(given) if type == "int" else float(given)
+                except ValueError:
+                    raise AnsibleFilterError(
+                        f"{name}={given!r}: not {number} (SGLang's argparse reads it with type={type} and refuses "
+                        f"the command line); {fix}"
+                    ) from None
     return value
 
 

@@ -13,8 +13,11 @@ The estimate follows SGLang's static memory split (``--mem-fraction-static``, SG
   activations and CUDA graphs.
 * ``budget = mem_fraction * available``; ``rest = budget - weights_per_gpu - draft_weights_per_gpu``.
 * Hybrid models (Qwen3.5/3.6 GatedDeltaNet, Qwen3-Next): linear-attention layers keep a fixed-size state per
-  request, not per token. SGLang gives that state pool ``rest * r / (1 + r)`` with ``r`` =
-  ``mamba_full_memory_ratio`` (default 0.9), unless ``max_mamba_cache_size`` fixes the number of slots.
+  request, not per token (SGLang's ``_handle_max_mamba_cache``, see :func:`_state_reservation`). SGLang gives that
+  state pool ``rest * r / (1 + r)`` with ``r`` = ``mamba_full_memory_ratio`` (default 0.9), unless
+  ``max_mamba_cache_size`` fixes the number of slots, or ``disable_radix_cache`` with ``max_running_requests`` does:
+  then the state is a fixed ``(slots + 1) * per_request``, plus ``(slots + 1) * per_request *
+  speculative_num_draft_tokens`` with speculative decoding, however little is left for the KV cache.
 * ``kv_tokens_fit = (rest - linear_state) // kv_bytes_per_token`` on every selected GPU (the smallest wins),
   where ``kv_bytes_per_token`` counts only layers with a per-token KV cache (full attention; sliding-window
   layers are counted as full, an upper bound) of the target plus every layer of the drafter (DFLASH keeps
@@ -65,6 +68,9 @@ DTYPE_BYTES: dict[str, float] = {
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8")
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+#: The max_running_requests SGLang's speculative algorithms (DFLASH, EAGLE, NGRAM, ... in 0.5.17 and 0.5.23's
+#: arg_groups/speculative_hook.py) and sglang-ddtree's DDTREE set when the command line leaves it unset.
+SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
 class FitInputError(ValueError):
@@ -386,6 +392,13 @@ def validate_options(opts: dict) -> None:
         value = opts.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise FitInputError(name, value, "must be a positive integer or left unset")
+    drc = opts.get("disable_radix_cache")
+    if drc is not None and not isinstance(drc, bool):
+        raise FitInputError(
+            "disable_radix_cache",
+            drc,
+            "must be true or false (true when the server runs with --disable-radix-cache), or left unset",
+        )
     if mf is not None and not math.isfinite(float(mf)):
         raise FitInputError("mem_fraction", mf, "must be a finite number between 0 and 1, e.g. 0.85")
     r = opts.get("mamba_full_memory_ratio")
@@ -474,6 +487,7 @@ def plan_fit(
     speculative_num_draft_tokens: int | None = None,
     assume_freed_pids: list[int] | None = None,
     tp_memory_balance_check: bool = True,
+    disable_radix_cache: bool | None = None,
 ) -> dict:
     """The fit estimate for ``gpus`` (the selected GPUs, one per TP rank). See the module docstring."""
     validate_options(
@@ -487,6 +501,7 @@ def plan_fit(
             "max_mamba_cache_size": max_mamba_cache_size,
             "mamba_full_memory_ratio": mamba_full_memory_ratio,
             "speculative_num_draft_tokens": speculative_num_draft_tokens,
+            "disable_radix_cache": disable_radix_cache,
         }
     )
     if len(gpus) != tp_size:
@@ -529,6 +544,10 @@ def plan_fit(
         dcfg = d["tc"].get("dflash_config") or {}
         draft_tokens = dcfg.get("block_size") or d["tc"].get("block_size")
     spec_tokens = int(draft_tokens or 0)
+    # SGLang's speculative algorithms fill in max_running_requests before the memory pool is sized
+    running = max_running_requests
+    if running is None and spec_tokens:
+        running = SPEC_DEFAULT_MAX_RUNNING_REQUESTS
 
     measured = []
     for gpu in gpus:
@@ -556,13 +575,20 @@ def plan_fit(
                 spec_tokens,
                 ratio,
                 max_mamba_cache_size,
-                max_running_requests,
+                running,
+                bool(disable_radix_cache),
             )
         )
     tightest = min(per_gpu, key=lambda g: g["kv_tokens"])
     kv_tokens_fit = tightest["kv_tokens"]
     fits = kv_tokens_fit >= context_length and all(g["state_ok"] for g in per_gpu)
-    reason = _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size)
+    if max_mamba_cache_size is not None:
+        state_words = f"max_mamba_cache_size {max_mamba_cache_size}"
+    else:
+        state_words = f"disable_radix_cache with max_running_requests {running}"
+    if spec_tokens:
+        state_words += f", one more state per request for each of {spec_tokens} draft tokens"
+    reason = _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size, state_words)
     if not balance["ok"]:
         fits = False
         reason = _balance_reason(balance, measured, freed, tp_size) + (
@@ -586,6 +612,12 @@ def plan_fit(
         "draft_layers": (len(d["kinds"]["full"]) + len(d["kinds"]["sliding"])) if d else 0,
         "linear_state_bytes_per_request": state_per_req,
         "linear_state_bytes_per_gpu": tightest["linear_state_bytes"],
+        "linear_state_slots": tightest["linear_state_slots"],
+        "linear_state_rule": tightest["linear_state_rule"],
+        "max_running_requests": running,
+        "max_mamba_cache_size": max_mamba_cache_size,
+        "mamba_full_memory_ratio": ratio,
+        "disable_radix_cache": bool(disable_radix_cache),
         "speculative_num_draft_tokens": spec_tokens or None,
         "kv_tokens_fit": kv_tokens_fit,
         "min_kv_tokens_needed": context_length,
@@ -657,6 +689,10 @@ def _balance_reason(balance: dict, measured: list, freed: set, tp_size: int) -> 
     )
 
 
+#: Which of SGLang's three ways sized the linear-attention state (RV ``linear_state_rule``).
+STATE_RULES = ("max_mamba_cache_size", "disable_radix_cache", "mamba_full_memory_ratio")
+
+
 def _state_reservation(
     rest: int,
     state_per_req: int,
@@ -664,21 +700,55 @@ def _state_reservation(
     ratio: float,
     max_mamba_cache_size: int | None,
     max_running_requests: int | None,
-) -> tuple[int, int]:
-    """(bytes reserved for linear-attention state, request slots it holds) on one GPU."""
+    disable_radix_cache: bool = False,
+) -> tuple[int, int, str | None]:
+    """(bytes reserved for linear-attention state, request slots it holds, which rule of :data:`STATE_RULES`) on
+    one GPU; ``(0, 0, None)`` for a model without linear-attention layers.
+
+    SGLang's ``KVCacheConfigurator._handle_max_mamba_cache`` (mem_cache/kv_cache_configurator.py, the same three
+    branches in 0.5.17 and 0.5.23; the first that applies wins). ``per_req`` is the state of one request, ``D`` the
+    speculative draft tokens (0 without speculative decoding), and every pool has one padding slot (the ``+ 1``):
+
+    1. ``--max-mamba-cache-size K``: K slots, ``(K + 1) * per_req``; with speculative decoding also the verify's
+       intermediate state ``per_req * (min(max_running_requests, K // m) + 1) * D``, where ``m`` is
+       ``_calculate_mamba_ratio()``: 1 with ``--disable-radix-cache``, else 3 by default (other values with the
+       mamba extra buffer or ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``). Modelled with ``m = 1``: exact with
+       ``--disable-radix-cache``, an upper bound otherwise.
+    2. ``--disable-radix-cache`` with ``max_running_requests`` set (the unit's ``--max-running-requests``, or the 48
+       the speculative algorithms set when it is unset: :data:`SPEC_DEFAULT_MAX_RUNNING_REQUESTS`):
+       ``max_running_requests`` slots, ``(slots + 1) * per_req``, and with speculative decoding the intermediate
+       state ``per_req * (slots + 1) * D`` besides. Neither is bounded by ``mamba_full_memory_ratio``: with many
+       verify tokens the state alone can take all that the weights leave (SGLang then stops with "Loaded weights
+       leave no GPU memory for the KV cache"). 0.5.23 takes ``max(1, max_running_requests // attn_dp_size)``
+       slots, 0.5.17 ``max_running_requests // attn_dp_size`` (0 when attention DP is wider, and then "Not enough
+       GPU memory for hybrid (mamba/linear-attention) state cache"), and likewise in branch 1's ``min``; with
+       ``attn_dp_size`` 1, as planned here, and ``max_running_requests >= 1`` both give ``max_running_requests``.
+    3. Otherwise the ratio budget ``rest * r / (1 + r)`` (``r`` = ``mamba_full_memory_ratio``), which SGLang splits
+       into slots and (with speculative decoding) their verify state; the whole budget is counted as reserved (an
+       upper bound: SGLang leaves the part its capped intermediate state does not use to the KV cache).
+
+    Not modelled (both releases, or 0.5.23 only where said): ReplaySSM (``--enable-linear-replayssm-spec``: no
+    intermediate state, a ring per request instead), the extra per-slot bytes of the mamba extra buffer, a PD
+    prefill server (0.5.23: no intermediate state), a draft state fused into the slots (0.5.23), pipeline
+    parallelism (each stage keeps its own layers' share).
+    """
     if state_per_req <= 0:
-        return 0, 0
+        return 0, 0, None
     if max_mamba_cache_size is not None:
         slots = max_mamba_cache_size
         reserved = (slots + 1) * state_per_req
         if spec_tokens:
             capped = min(max_running_requests or slots, slots)
             reserved += state_per_req * (capped + 1) * spec_tokens
-        return reserved, slots
+        return reserved, slots, "max_mamba_cache_size"
+    if disable_radix_cache and max_running_requests is not None:
+        slots = max(1, max_running_requests)
+        reserved = (slots + 1) * state_per_req + state_per_req * (slots + 1) * spec_tokens
+        return reserved, slots, "disable_radix_cache"
     budget = int(max(rest, 0) * ratio / (1 + ratio))
     per_slot = state_per_req * (1 + spec_tokens)
     slots = max((budget - per_slot) // per_slot, 0) if spec_tokens else max(budget // state_per_req - 1, 0)
-    return budget, int(slots)
+    return budget, int(slots), "mamba_full_memory_ratio"
 
 
 def _gpu_fit(
@@ -695,11 +765,12 @@ def _gpu_fit(
     ratio,
     max_mamba_cache_size,
     max_running_requests,
+    disable_radix_cache,
 ) -> dict:
     budget = int(mem_fraction * available)
     rest = budget - weights - draft
-    state, slots = _state_reservation(
-        rest, state_per_req, spec_tokens, ratio, max_mamba_cache_size, max_running_requests
+    state, slots, rule = _state_reservation(
+        rest, state_per_req, spec_tokens, ratio, max_mamba_cache_size, max_running_requests, disable_radix_cache
     )
     kv_room = rest - state
     kv_tokens = max(kv_room // kv_per_token, 0) if kv_per_token and kv_room > 0 else 0
@@ -708,7 +779,7 @@ def _gpu_fit(
     idle_budget = int(mem_fraction * total_b) if total_b else budget
     idle_rest = idle_budget - weights - draft
     idle_state = _state_reservation(
-        idle_rest, state_per_req, spec_tokens, ratio, max_mamba_cache_size, max_running_requests
+        idle_rest, state_per_req, spec_tokens, ratio, max_mamba_cache_size, max_running_requests, disable_radix_cache
     )[0]
     idle_tokens = max((idle_rest - idle_state) // kv_per_token, 0) if kv_per_token else 0
     return {
@@ -723,6 +794,7 @@ def _gpu_fit(
         "rest_bytes": rest,
         "linear_state_bytes": state,
         "linear_state_slots": slots,
+        "linear_state_rule": rule,
         "kv_tokens": int(kv_tokens),
         "kv_tokens_if_idle": int(idle_tokens),
         "state_ok": state_per_req <= 0 or (rest > 0 and slots >= 1),
@@ -730,7 +802,11 @@ def _gpu_fit(
     }
 
 
-def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size) -> str:
+def _either(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + ", or " + options[-1]
+
+
+def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, tp_size, state_words="") -> str:
     if fits:
         return (
             f"fits (estimate): room for {kv_tokens_fit:,} KV tokens >= context_length {context_length:,} on every "
@@ -740,6 +816,9 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
     for g in per_gpu:
         if g["kv_tokens"] >= context_length and g["state_ok"]:
             continue
+        rule = g["linear_state_rule"]
+        fixed_state = rule in STATE_RULES[:2]  # a number of slots, not a share of what is left
+        no_kv_room = g["rest_bytes"] > 0 and g["linear_state_bytes"] >= g["rest_bytes"]
         i = g["index"]
         in_use = g["total_bytes"] - g["available_bytes"]
         occupied = g["total_bytes"] and in_use > 0.05 * g["total_bytes"]
@@ -750,6 +829,7 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
             + (f"; {_gib(in_use)} of {_gib(g['total_bytes'])} in use, {held}" if occupied else "")
             + ")"
         )
+        state = f"{_gib(g['linear_state_bytes'])} of linear-attention state for {g['linear_state_slots']} request slots"
         if g["rest_bytes"] <= 0:
             what = (
                 f"the weights alone ({_gib(g['weights_bytes'])} target"
@@ -758,8 +838,15 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
             )
         elif not g["state_ok"]:
             what = "no room for the linear-attention state of even one request"
+        elif fixed_state and no_kv_room:
+            what = (
+                f"SGLang reserves {state} ({state_words}), more than the {_gib(g['rest_bytes'])} the weights leave: "
+                'no KV cache at all (SGLang stops with "Loaded weights leave no GPU memory for the KV cache")'
+            )
         else:
             what = f"room for {g['kv_tokens']:,} KV tokens, context_length needs {context_length:,}"
+            if fixed_state:
+                what += f" (after {state}: {state_words})"
         if occupied and g["kv_tokens_if_idle"] >= context_length:
             fix = (
                 "it would fit on an idle GPU: stop those processes first (or list them in assume_freed_pids if the "
@@ -767,6 +854,22 @@ def _reason(per_gpu, fits, kv_tokens_fit, context_length, mem_fraction, freed, t
             )
         elif g["rest_bytes"] <= 0:
             fix = "raise mem_fraction or tp_size, or load the weights in fp8 (dtype fp8)"
+        elif fixed_state:
+            options = [
+                ("lower max_mamba_cache_size, " if rule == "max_mamba_cache_size" else "lower ")
+                + "max_running_requests or speculative_num_draft_tokens (the server's "
+                + ("--max-mamba-cache-size, " if rule == "max_mamba_cache_size" else "")
+                + "--max-running-requests, --speculative-num-draft-tokens)"
+            ]
+            if rule == "disable_radix_cache":
+                options.append(
+                    "drop --disable-radix-cache (disable_radix_cache false: SGLang then sizes the state from "
+                    "mamba_full_memory_ratio)"
+                )
+            options.append("raise mem_fraction or tp_size")
+            if not no_kv_room:
+                options += ["lower context_length", "use an fp8 KV cache (kv_cache_dtype fp8)"]
+            fix = _either(options)
         else:
             fix = "raise mem_fraction or tp_size, lower context_length, or use an fp8 KV cache (kv_cache_dtype fp8)"
         problems.append(f"{head}: {what}; {fix}")

@@ -35,7 +35,14 @@ description:
     Hybrid linear-attention layers (Qwen3.5/3.6 GatedDeltaNet, Qwen3-Next; the C(layer_types),
     C(full_attention_interval) and C(linear_*) config keys) hold a fixed state per request instead, not per
     token; SGLang reserves rest x r / (1 + r) for that state, r being O(fit.mamba_full_memory_ratio), unless
-    O(fit.max_mamba_cache_size) fixes the number of request slots."
+    O(fit.max_mamba_cache_size) fixes the number of request slots, or O(fit.disable_radix_cache) with
+    O(fit.max_running_requests) does."
+  - "With a fixed number of slots (O(fit.max_mamba_cache_size), or O(fit.max_running_requests) under
+    O(fit.disable_radix_cache)) the state is (slots + 1) x state per request, plus up to (slots + 1) x state per
+    request x O(fit.speculative_num_draft_tokens) for the verify step, whatever the weights leave: when it is more
+    than that, SGLang stops at start with 'Loaded weights leave no GPU memory for the KV cache'.
+    RV(fit.linear_state_rule) says which rule applied (SGLang's C(_handle_max_mamba_cache), the same in SGLang 0.5.17
+    and 0.5.23)."
   - Weights are the C(metadata.total_size) of C(model.safetensors.index.json), else the size of the
     C(*.safetensors) files, divided evenly by O(fit.tp_size).
   - This is an ESTIMATE. Norms (and K/V projections when O(fit.tp_size) exceeds the KV heads) are replicated
@@ -123,7 +130,9 @@ options:
       max_running_requests:
         description:
           - SGLang's C(--max-running-requests); caps the speculative linear-attention state reserved with
-            O(fit.max_mamba_cache_size).
+            O(fit.max_mamba_cache_size), and with O(fit.disable_radix_cache) sets the number of state slots.
+          - Unset with speculative decoding (O(fit.speculative_num_draft_tokens) or a drafter), 48, the value SGLang's
+            speculative algorithms (and DDTREE) set when the command line leaves it unset.
         type: int
       speculative_num_draft_tokens:
         description:
@@ -140,6 +149,13 @@ options:
           - SGLang's C(--mamba-full-memory-ratio) C(r), state memory relative to KV memory for hybrid models.
         type: float
         default: 0.9
+      disable_radix_cache:
+        description:
+          - V(true) when the server runs with C(--disable-radix-cache). For hybrid models SGLang then takes the number
+            of linear-attention state slots from O(fit.max_running_requests) (when that is set) instead of sizing
+            the state from O(fit.mamba_full_memory_ratio), and reserves it whatever is left for the KV cache.
+        type: bool
+        default: false
       assume_freed_pids:
         description:
           - Pids whose GPU memory counts as free because they will be stopped before the server starts (the old
@@ -342,6 +358,31 @@ fit:
     linear_state_bytes_per_gpu:
       description: Memory reserved for linear-attention state on the tightest GPU.
       type: int
+    linear_state_slots:
+      description: Request slots of linear-attention state on the tightest GPU (0 for dense models).
+      type: int
+    linear_state_rule:
+      description:
+        - How SGLang sized the linear-attention state - C(max_mamba_cache_size), C(disable_radix_cache) (slots =
+          max_running_requests) or C(mamba_full_memory_ratio); null for dense models.
+      type: str
+    max_running_requests:
+      description: The max_running_requests the estimate used (O(fit.max_running_requests), else 48 with speculative
+        decoding, else null).
+      type: int
+    max_mamba_cache_size:
+      description: O(fit.max_mamba_cache_size) as used.
+      type: int
+    mamba_full_memory_ratio:
+      description: O(fit.mamba_full_memory_ratio) as used.
+      type: float
+    disable_radix_cache:
+      description: O(fit.disable_radix_cache) as used.
+      type: bool
+    speculative_num_draft_tokens:
+      description: The draft tokens per verify step the estimate used (O(fit.speculative_num_draft_tokens), else the
+        drafter's block size); null without speculative decoding.
+      type: int
     kv_tokens_fit:
       description: KV cache tokens that fit, the smallest over the selected GPUs.
       type: int
@@ -406,6 +447,7 @@ FIT_SPEC = dict(
     speculative_num_draft_tokens=dict(type="int", no_log=False),
     max_mamba_cache_size=dict(type="int"),
     mamba_full_memory_ratio=dict(type="float", default=_model_fit.DEFAULT_MAMBA_FULL_MEMORY_RATIO),
+    disable_radix_cache=dict(type="bool", default=False),
     assume_freed_pids=dict(type="list", elements="int", default=[]),
     tp_memory_balance_check=dict(type="bool", default=True),
 )
@@ -487,6 +529,7 @@ def main() -> None:
                 speculative_num_draft_tokens=fit["speculative_num_draft_tokens"],
                 assume_freed_pids=fit["assume_freed_pids"],
                 tp_memory_balance_check=fit["tp_memory_balance_check"],
+                disable_radix_cache=fit["disable_radix_cache"],
             )
         except _model_fit.FitInputError as err:
             module.fail_json(msg=f"fit.{err}", option=f"fit.{err.option}", **result)

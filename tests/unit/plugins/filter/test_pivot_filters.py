@@ -272,6 +272,99 @@ def test_sglang_flag(argv, names, default, expected):
     assert f.sglang_flag(argv, names, default) == expected
 
 
+# The memory-pool flags the GPU fit reads, typed as SGLang's argparse types them (0.5.17 and 0.5.23: type=int for
+# --max-running-requests and --max-mamba-cache-size, type=float for --mamba-full-memory-ratio, store_true for
+# --disable-radix-cache). Each row: the words after the program, the flag, the default, the type, the value.
+SERVER = ["-m", "sglang.launch_server", "--model-path", "/m"]
+
+
+@pytest.mark.parametrize(
+    ("words", "name", "default", "kind", "expected"),
+    [
+        pytest.param([], "--disable-radix-cache", False, "bool", False, id="radix-absent"),
+        pytest.param([], "--disable-radix-cache", None, "bool", False, id="radix-absent-default-none"),
+        pytest.param(["--disable-radix-cache"], "--disable-radix-cache", False, "bool", True, id="radix-last-word"),
+        pytest.param(
+            ["--disable-radix-cache", "--port", "1"], "--disable-radix-cache", False, "bool", True, id="radix-present"
+        ),
+        pytest.param(
+            ["--disable-radix-cache-x"], "--disable-radix-cache", False, "bool", False, id="radix-longer-name"
+        ),
+        pytest.param(["--max-running-requests=8"], "--max-running-requests", None, "int", 8, id="running-equals"),
+        pytest.param(["--max-running-requests", "8"], "--max-running-requests", None, "int", 8, id="running-space"),
+        pytest.param(
+            ["--max-running-requests", "8", "--max-running-requests=32"],
+            "--max-running-requests",
+            None,
+            "int",
+            32,
+            id="running-last-wins",
+        ),
+        pytest.param([], "--max-running-requests", None, "int", None, id="running-absent"),
+        pytest.param(["--max-running-requests", "-1"], "--max-running-requests", None, "int", -1, id="running-neg"),
+        pytest.param(["--max-mamba-cache-size", "64"], "--max-mamba-cache-size", None, "int", 64, id="mamba-cache"),
+        pytest.param(["--max-mamba-cache-size=1_000"], "--max-mamba-cache-size", None, "int", 1000, id="underscore"),
+        pytest.param(
+            ["--mamba-full-memory-ratio", "0.5"], "--mamba-full-memory-ratio", None, "float", 0.5, id="ratio"
+        ),
+        pytest.param(["--mamba-full-memory-ratio=2"], "--mamba-full-memory-ratio", None, "float", 2.0, id="ratio-int"),
+        pytest.param([], "--mamba-full-memory-ratio", None, "float", None, id="ratio-absent"),
+        pytest.param(["--port", "31000"], "--port", 30000, "raw", "31000", id="raw-as-before"),
+    ],
+)
+def test_sglang_flag_typed(words, name, default, kind, expected):
+    got = f.sglang_flag([*SERVER, *words], name, default, kind)
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("words", "name", "kind", "message"),
+    [
+        pytest.param(
+            ["--max-running-requests", "eight"], "--max-running-requests", "int",
+            "--max-running-requests='eight': not an integer (SGLang's argparse reads it with type=int",
+            id="running-not-int",
+        ),
+        pytest.param(
+            ["--max-running-requests=8.0"], "--max-running-requests", "int", "--max-running-requests='8.0': not an",
+            id="running-float",
+        ),
+        pytest.param(
+            ["--max-running-requests", "--port", "1"], "--max-running-requests", "int",
+            "--max-running-requests has no value: SGLang's argparse expects one argument, an integer",
+            id="running-no-value",
+        ),
+        pytest.param(
+            ["--max-mamba-cache-size", "${SLOTS}"], "--max-mamba-cache-size", "int",
+            "--max-mamba-cache-size='${SLOTS}': not an integer", id="mamba-cache-variable",
+        ),
+        pytest.param(
+            ["--mamba-full-memory-ratio", "high"], "--mamba-full-memory-ratio", "float",
+            "--mamba-full-memory-ratio='high': not a number (SGLang's argparse reads it with type=float",
+            id="ratio-not-float",
+        ),
+        pytest.param(
+            ["--disable-radix-cache=true"], "--disable-radix-cache", "bool",
+            "'--disable-radix-cache=true': --disable-radix-cache is a switch without a value", id="radix-equals",
+        ),
+        pytest.param(
+            ["--disable-radix-cache", "yes"], "--disable-radix-cache", "bool",
+            "--disable-radix-cache 'yes': --disable-radix-cache is a switch without a value", id="radix-word-after",
+        ),
+    ],
+)  # fmt: skip
+def test_sglang_flag_typed_refuses_what_sglang_refuses(words, name, kind, message):
+    with pytest.raises(AnsibleFilterError) as info:
+        f.sglang_flag([*SERVER, *words], name, None, kind)
+    assert message in str(info.value)
+    assert "fix it in the unit's ExecStart (or sglang_preflight_extra_args)" in str(info.value)
+
+
+def test_sglang_flag_rejects_an_unknown_type():
+    with pytest.raises(AnsibleFilterError, match="type='str', choose one of raw, int, float, bool"):
+        f.sglang_flag(["p"], "--port", None, "str")
+
+
 def test_dflash_check_real_pair_is_ok():
     result = f.dflash_drafter_check(load("qwen3-8b-dflash-b16"), load("qwen3-8b"))
     assert result["ok"], result["errors"]

@@ -269,7 +269,7 @@ PREFLIGHT = ROOT / "roles" / "sglang_preflight" / "tasks"
         (PREFLIGHT / "capabilities.yml", "Note the running server's command line (never shown; compared with the plan's)"),  # noqa: E501
         (PREFLIGHT / "secrets.yml", "Note the unit's secrets (API keys, tokens; masked wherever shown)"),
         (PREFLIGHT / "secrets.yml", "Read the unit's EnvironmentFile= files (their values are never shown)"),
-        (PREFLIGHT / "capabilities.yml", "Derive the server's settings from the unit"),
+        (PREFLIGHT / "server.yml", "Derive the server's settings from the unit"),
     ],
 )
 def test_role_tasks_that_hold_unit_data_are_no_log(path, task):

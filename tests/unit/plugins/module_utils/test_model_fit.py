@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,9 @@ from ansible_collections.specdec.pivot.plugins.module_utils._model_fit import Fi
 from ansible_collections.specdec.pivot.plugins.module_utils._nvidia import (
     MIB,
 )
+
+GIB = 1 << 30
+from hybrid_shape import DRAFTER_PARAMS, target_params, write_hybrid_shape
 from nvidia_recordings import recorded_gpus
 
 REPO = Path(__file__).resolve().parents[4]
@@ -306,6 +311,13 @@ GOOD = {"mem_fraction": 0.85, "tp_size": 2, "context_length": 32768, "dtype": "a
         ({"context_length": 0}, "context_length", ["context_length=0", "--context-length"]),
         ({"max_running_requests": 0}, "max_running_requests", ["max_running_requests=0"]),
         ({"mamba_full_memory_ratio": 0}, "mamba_full_memory_ratio", ["mamba_full_memory_ratio=0", "0.9"]),
+        ({"max_mamba_cache_size": -4}, "max_mamba_cache_size", ["max_mamba_cache_size=-4", "positive integer"]),
+        (
+            {"disable_radix_cache": "yes"},
+            "disable_radix_cache",
+            ["disable_radix_cache='yes'", "true or false", "--disable-radix-cache"],
+        ),
+        ({"disable_radix_cache": 1}, "disable_radix_cache", ["disable_radix_cache=1", "true or false"]),
         ({"dtype": "int4"}, "dtype", ["dtype='int4'", "bfloat16"]),
         ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype", ["kv_cache_dtype='fp4'", "fp8_e4m3"]),
     ],
@@ -615,3 +627,329 @@ def test_budget_is_a_fraction_of_available_memory(target8b):
     for mem_fraction in (0.3, 0.6, 0.9):
         fit = mf.plan_fit(target8b, None, IDLE2[:1], tp_size=1, mem_fraction=mem_fraction, context_length=1)
         assert fit["budget_bytes_per_gpu"] == [math.floor(mem_fraction * avail(IDLE2[0]))]
+
+
+# --------------------------------------------------------------------------------------------- linear-attention state
+# SGLang's _handle_max_mamba_cache (kv_cache_configurator.py, 0.5.17 and 0.5.23): three ways to size the state of
+# the GatedDeltaNet layers. The numbers: P = one request's state, D = draft tokens; every pool has a padding slot.
+
+P = 1_000_000  # a round state per request for the hand arithmetic
+REST = 40 * P * 100  # 4e9 bytes left after the weights
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reserved", "slots", "rule"),
+    [
+        # --disable-radix-cache --max-running-requests 32: 32 slots + padding, and with D = 17 one state per verify
+        # token of each of them: 33 x P + 33 x P x 17 = 33 x 18 x P = 594 P
+        pytest.param(dict(spec=17, running=32, radix_off=True), 594 * P, 32, "disable_radix_cache", id="drc-spec17"),
+        pytest.param(dict(spec=0, running=32, radix_off=True), 33 * P, 32, "disable_radix_cache", id="drc-no-spec"),
+        pytest.param(dict(spec=8, running=1, radix_off=True), 2 * P + 2 * 8 * P, 1, "disable_radix_cache", id="drc-1"),
+        # --disable-radix-cache without max_running_requests (no speculative default either): the ratio budget
+        pytest.param(
+            dict(spec=0, running=None, radix_off=True),
+            int(REST * 0.9 / 1.9),
+            int(REST * 0.9 / 1.9) // P - 1,
+            "mamba_full_memory_ratio",
+            id="drc-without-running-is-ratio",
+        ),
+        # radix cache on: max_running_requests alone changes nothing, the ratio budget rest x 0.9 / 1.9
+        pytest.param(
+            dict(spec=0, running=32, radix_off=False),
+            int(REST * 0.9 / 1.9),
+            int(REST * 0.9 / 1.9) // P - 1,
+            "mamba_full_memory_ratio",
+            id="radix-on-ratio",
+        ),
+        # ... with D = 17 the slots hold 18 states each: (budget - 18 P) // 18 P
+        pytest.param(
+            dict(spec=17, running=32, radix_off=False),
+            int(REST * 0.9 / 1.9),
+            (int(REST * 0.9 / 1.9) - 18 * P) // (18 * P),
+            "mamba_full_memory_ratio",
+            id="radix-on-ratio-spec17",
+        ),
+        # --max-mamba-cache-size 64 wins over both: 65 P, and min(running, 64) + 1 verify states per draft token
+        pytest.param(
+            dict(spec=8, running=16, radix_off=True, fixed=64),
+            65 * P + 17 * 8 * P,
+            64,
+            "max_mamba_cache_size",
+            id="max-mamba-cache-size-wins",
+        ),
+        pytest.param(dict(spec=0, running=None, fixed=64), 65 * P, 64, "max_mamba_cache_size", id="mmcs-no-spec"),
+    ],
+)
+def test_state_reservation(kwargs, reserved, slots, rule):
+    got = mf._state_reservation(
+        REST, P, kwargs["spec"], 0.9, kwargs.get("fixed"), kwargs["running"], kwargs.get("radix_off", False)
+    )
+    assert got == (reserved, slots, rule)
+
+
+def test_state_reservation_without_linear_layers():
+    assert mf._state_reservation(REST, 0, 17, 0.9, None, 32, True) == (0, 0, None)
+
+
+def test_the_fixed_state_does_not_shrink_with_the_memory_left():
+    """The ratio budget follows what the weights leave; --disable-radix-cache's state does not (SGLang reserves it
+    first and finds out afterwards that nothing is left for the KV cache)."""
+    small, large = REST // 10, REST * 10
+    assert mf._state_reservation(small, P, 17, 0.9, None, 32, True)[0] == 594 * P > small
+    assert mf._state_reservation(large, P, 17, 0.9, None, 32, True)[0] == 594 * P
+    assert mf._state_reservation(small, P, 17, 0.9, None, 32, False)[0] == int(small * 0.9 / 1.9)
+
+
+def hybrid_shape(tmp_path: Path, layers: int) -> tuple[mf.ModelFiles, mf.ModelFiles]:
+    """bench/gpu/shapes.py's Qwen3.6-27B-shaped target, ``layers`` deep, and its DFlash drafter (tests/unit/
+    hybrid_shape.py says how their weight sizes are computed)."""
+    target, drafter = write_hybrid_shape(tmp_path / "shape", layers)
+    return mf.read_model_dir(str(target), "target_model_path"), mf.read_model_dir(str(drafter), "draft_model_path")
+
+
+def test_the_hybrid_shape_weights_follow_the_fixture_index(tmp_path):
+    target, drafter = hybrid_shape(tmp_path, 64)
+    assert mf.weights_bytes(target)[0] == HYBRID_BYTES  # the same arithmetic as the fixture's index
+    assert mf.weights_bytes(drafter)[0] == 2 * 1_730_213_120
+    assert target_params(32) == 14_719_400_192
+
+
+#: An idle 80 GB H100: nvidia-smi's memory.total of the H100 80GB HBM3 (81559 MiB); free is total less the 615 MiB
+#: the driver kept on the recorded idle H200 (143771 - 143156; tests/unit/fixtures/nvidia_smi/h200/idle).
+H100 = {
+    "index": 0,
+    "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+    "name": "NVIDIA H100 80GB HBM3",
+    "memory_total_mib": 81559,
+    "memory_used_mib": 0,
+    "memory_free_mib": 81559 - 615,
+    "compute_processes": [],
+}
+SHAPE32_TARGET_BYTES = 2 * target_params(32)
+SHAPE32_DRAFTER_BYTES = 2 * DRAFTER_PARAMS
+#: one request's GatedDeltaNet state at tp 1: conv (48 x 128 + 2 x 16 x 128) x 3 x 2 bytes + SSM 48 x 128 x 128 x 4
+#: bytes, x 24 linear layers = 76,972,032 (3.2 MB a layer)
+SHAPE32_STATE = (10240 * 3 * 2 + 48 * 128 * 128 * 4) * 24
+#: KV per token: the target's 8 full-attention layers (4 KV heads x 512 x 2 bytes) + the drafter's 5 (8 x 256 x 2)
+SHAPE32_KV = 4 * 512 * 8 * 2 + 8 * 256 * 5 * 2
+
+
+@pytest.mark.parametrize(
+    ("radix_off", "state", "slots", "rule", "fits"),
+    [
+        # the H100 failure: --disable-radix-cache --max-running-requests 32, 17 draft tokens (DDTree budget 16):
+        # 33 x 76,972,032 main + 33 x 17 x 76,972,032 verify state = 45,721,387,008 bytes (42.6 GiB), more than the
+        # 39.2 GB the weights leave of 0.85 x 79.0 GiB: SGLang stopped with "Loaded weights leave no GPU memory for
+        # the KV cache under --mem-fraction-static=0.85"
+        pytest.param(True, 594 * SHAPE32_STATE, 32, "disable_radix_cache", False, id="disable-radix-cache-h100"),
+        # the same with the radix cache on: rest x 0.9 / 1.9 for the state, the rest holds the KV cache
+        pytest.param(False, None, None, "mamba_full_memory_ratio", True, id="radix-cache-on-h100"),
+    ],
+)
+def test_qwen36_27b_shape_on_an_h100(tmp_path, radix_off, state, slots, rule, fits):
+    target, drafter = hybrid_shape(tmp_path, 32)
+    fit = mf.plan_fit(
+        target,
+        drafter,
+        [H100],
+        tp_size=1,
+        mem_fraction=0.85,
+        context_length=40960,  # the shape's max_position_embeddings
+        speculative_num_draft_tokens=17,
+        max_running_requests=32,
+        disable_radix_cache=radix_off,
+    )
+    rest = int(0.85 * (81559 - 615) * MIB) - SHAPE32_TARGET_BYTES - SHAPE32_DRAFTER_BYTES
+    assert rest == 39_245_318_758
+    assert fit["weights_bytes_per_gpu"] == SHAPE32_TARGET_BYTES == 29_438_800_384
+    assert fit["draft_bytes"] == SHAPE32_DRAFTER_BYTES
+    assert fit["linear_state_bytes_per_request"] == SHAPE32_STATE == 76_972_032
+    assert fit["kv_bytes_per_token"] == SHAPE32_KV
+    assert (fit["full_attention_layers"], fit["linear_attention_layers"]) == (8, 24)
+    if state is None:  # the ratio branch: (budget - 18 P) // 18 P slots
+        state = int(rest * 0.9 / 1.9)
+        slots = (state - 18 * SHAPE32_STATE) // (18 * SHAPE32_STATE)
+        assert slots == 12
+    assert (fit["linear_state_bytes_per_gpu"], fit["linear_state_slots"], fit["linear_state_rule"]) == (
+        state,
+        slots,
+        rule,
+    )
+    assert fit["kv_tokens_fit"] == max((rest - state) // SHAPE32_KV, 0)
+    assert fit["fits"] is fits
+    assert (fit["max_running_requests"], fit["disable_radix_cache"], fit["speculative_num_draft_tokens"]) == (
+        32,
+        radix_off,
+        17,
+    )
+    if fits:
+        assert fit["kv_tokens_fit"] == 387_909
+        return
+    assert state == 45_721_387_008 > rest
+    assert fit["kv_tokens_fit"] == 0
+    for words in (
+        "SGLang reserves 42.6 GiB of linear-attention state for 32 request slots",
+        "disable_radix_cache with max_running_requests 32, one more state per request for each of 17 draft tokens",
+        "more than the 36.6 GiB the weights leave",
+        "Loaded weights leave no GPU memory for the KV cache",
+        "lower max_running_requests or speculative_num_draft_tokens",
+        "drop --disable-radix-cache",
+    ):
+        assert words in fit["reason"], fit["reason"]
+
+
+@pytest.mark.parametrize(
+    ("running", "spec", "expected_running", "state"),
+    [
+        # speculative decoding: SGLang's algorithms (and DDTREE) set max_running_requests to 48 when it is unset
+        pytest.param(None, 17, 48, 49 * 18 * SHAPE32_STATE, id="spec-default-48"),
+        pytest.param(8, 17, 8, 9 * 18 * SHAPE32_STATE, id="spec-8"),
+        # without speculative decoding and without max_running_requests: the ratio budget
+        pytest.param(None, None, None, None, id="no-spec-no-running"),
+        pytest.param(8, None, 8, 9 * SHAPE32_STATE, id="no-spec-8"),
+    ],
+)
+def test_disable_radix_cache_running_requests(tmp_path, running, spec, expected_running, state):
+    target, _drafter = hybrid_shape(tmp_path, 32)
+    fit = mf.plan_fit(
+        target,
+        None,
+        [H100],
+        tp_size=1,
+        mem_fraction=0.85,
+        context_length=4096,
+        speculative_num_draft_tokens=spec,
+        max_running_requests=running,
+        disable_radix_cache=True,
+    )
+    assert fit["max_running_requests"] == expected_running
+    if state is None:
+        assert fit["linear_state_rule"] == "mamba_full_memory_ratio"
+        return
+    assert fit["linear_state_rule"] == "disable_radix_cache"
+    assert fit["linear_state_bytes_per_gpu"] == state
+
+
+def test_a_small_fixed_state_leaves_a_context_short_with_both_fixes(tmp_path):
+    """Room for some KV tokens after the fixed state, but not for the context: the reason names the state and
+    every fix (the state's knobs and the KV cache's)."""
+    target, _drafter = hybrid_shape(tmp_path, 32)
+    fit = mf.plan_fit(
+        target, None, [H100], tp_size=1, mem_fraction=0.85, context_length=10**7,
+        speculative_num_draft_tokens=17, max_running_requests=8, disable_radix_cache=True,
+    )  # fmt: skip
+    assert fit["fits"] is False and 0 < fit["kv_tokens_fit"] < 10**7
+    state = f"{9 * 18 * SHAPE32_STATE / GIB:.1f} GiB"
+    assert f"after {state} of linear-attention state for 8 request slots" in fit["reason"], fit["reason"]
+    assert "drop --disable-radix-cache" in fit["reason"] and "lower context_length" in fit["reason"]
+
+
+# --------------------------------------------------------------------------------------------- against SGLang itself
+# SGLang's own _handle_max_mamba_cache and Qwen3.5's mamba2_cache_params, called in a fresh interpreter of each
+# project venv (importing sglang in this process fails once ansible's module_utils have patched sys.intern, see
+# tests/unit/bench/test_http_semantics.py) on a stand-in for the KVCacheConfigurator: only the attributes and the
+# runtime-context getters the method reads, with attention DP 1, PP 1, no ReplaySSM, no fused draft state, no PD.
+SGLANG_PYTHONS = {
+    "0.5.23": REPO / ".venv" / "bin" / "python",
+    "0.5.17": REPO / ".venv-sglang-0.5.17" / "bin" / "python",
+}
+
+SGLANG_STANDIN = r"""
+import json, sys
+from types import SimpleNamespace as NS
+
+import sglang
+from sglang.srt.configs import qwen3_5, qwen3_next
+from sglang.srt.mem_cache import kv_cache_configurator as kvc
+
+request = json.load(sys.stdin)
+out = {"version": sglang.__version__, "per_req": {}, "cases": []}
+for tp in (1, 2):  # the state of one request, as SGLang's Qwen3.5 config computes it
+    qwen3_next.get_parallel = lambda tp=tp: NS(attn_tp_size=tp)  # 0.5.17
+    qwen3_next.linear_attn_tp_size = lambda tp=tp: tp  # 0.5.23
+    params = qwen3_5.Qwen3_5TextConfig(**request["text_config"]).mamba2_cache_params
+    out["per_req"][str(tp)] = [params.mamba_cache_per_req, len(params.layers)]
+
+C = kvc.KVCacheConfigurator
+for case in request["cases"]:
+    sched = NS(max_running_requests=case["running"], max_mamba_cache_size=case["fixed"],
+               mamba_full_memory_ratio=case["ratio"], disable_overlap_schedule=False)
+    mamba = NS(enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=False,
+               enable_mamba_extra_buffer_lazy=False, linear_replayssm_cache_len=0)
+    ctx = NS(override=lambda _name, **kw: [setattr(sched, k, v) for k, v in kw.items()])
+    memory = NS(disable_radix_cache=case["radix_off"], enable_unified_memory=False)
+    getters = {"get_schedule": sched, "get_memory": memory,
+               "get_spec": NS(speculative_num_draft_tokens=case["spec"] or None), "get_exec": NS(mamba=mamba),
+               "get_context": ctx, "get_disagg": NS(disaggregation_mode="null", enable_pd_role_switch=False)}
+    for name, value in getters.items():
+        setattr(kvc, name, lambda value=value: value)
+    params = NS(layers=list(range(case["layers"])), mamba_cache_per_req=case["per_req"])
+    me = NS(
+        mambaish_config=NS(mamba2_cache_params=params),
+        pp_size=1, attn_dp_size=1, ps=NS(pp_size=1, attn_dp_size=1), model_config=NS(num_hidden_layers=case["layers"]),
+        spec_algorithm=NS(is_none=lambda spec=case["spec"]: not spec), hybrid_gdn_config=object(),
+        hybrid_kda_config=None, extra_mamba_cache_bytes_per_req=0, fused_entry_bytes=lambda _name: None,
+        server_args=NS(enable_mamba_extra_buffer=lambda: False, enable_mamba_extra_buffer_lazy=lambda: False,
+                       max_speculative_num_draft_tokens=None),
+    )
+    me._calculate_mamba_ratio = lambda me=me: C._calculate_mamba_ratio(me)
+    rest_gb = case["rest"] / (1 << 30)
+    left_gb = C._handle_max_mamba_cache(me, rest_gb)
+    out["cases"].append({"reserved": round((rest_gb - left_gb) * (1 << 30)), "slots": sched.max_mamba_cache_size})
+print("STANDIN_JSON:" + json.dumps(out))
+"""
+
+#: (max_running_requests, max_mamba_cache_size, disable_radix_cache, draft tokens, how ours compares to SGLang's)
+STANDIN_CASES = [
+    (32, None, True, 17, "equal"),  # the H100 failure
+    (32, None, True, 0, "equal"),
+    (1, None, True, 8, "equal"),
+    (64, 64, True, 8, "equal"),  # --max-mamba-cache-size with --disable-radix-cache: SGLang's ratio is 1
+    (16, 64, False, 8, "equal"),  # min(16, 64 // 3) = 16 either way
+    (40, 64, False, 8, "upper bound"),  # SGLang: min(40, 64 // 3) = 21 verify slots, ours min(40, 64) = 40
+    (None, None, False, 0, "ratio"),
+    (None, None, True, 0, "ratio"),
+    (48, None, False, 17, "ratio"),
+]
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_PYTHONS))
+def test_the_state_reservation_is_sglangs(tmp_path, version):
+    python = SGLANG_PYTHONS[version]
+    if not python.exists():
+        pytest.skip(f"no {python.parent.parent.name} (scripts/setup-python.sh makes it)")
+    text = copy.deepcopy(HYBRID_TC)
+    text.update(num_hidden_layers=32, layer_types=text["layer_types"][:32])
+    rest = 39_245_318_758  # what the weights leave on the H100 above
+    cases = [
+        {"running": r, "fixed": k, "radix_off": off, "spec": d, "ratio": 0.9, "rest": rest, "layers": 24,
+         "per_req": SHAPE32_STATE}
+        for r, k, off, d, _how in STANDIN_CASES
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}  # SGLang's defaults
+    run = subprocess.run(
+        [str(python), "-c", SGLANG_STANDIN],
+        input=json.dumps({"text_config": text, "cases": cases}),
+        capture_output=True, text=True, timeout=300, check=False, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.split("STANDIN_JSON:", 1)[1])
+    assert got["version"] == version
+    assert got["per_req"] == {
+        "1": [mf.linear_state_bytes_per_request(text, 24, 1), 24],
+        "2": [mf.linear_state_bytes_per_request(text, 24, 2), 24],
+    }
+    assert got["per_req"]["1"][0] == SHAPE32_STATE
+    for (running, fixed, radix_off, spec, how), sglang in zip(STANDIN_CASES, got["cases"], strict=True):
+        ours, slots, _rule = mf._state_reservation(rest, SHAPE32_STATE, spec, 0.9, fixed, running, radix_off)
+        case = f"running={running} fixed={fixed} radix_off={radix_off} spec={spec}: ours {ours}, SGLang's {sglang}"
+        if how == "equal":
+            assert (ours, slots) == (sglang["reserved"], sglang["slots"]), case
+        elif how == "upper bound":
+            assert slots == sglang["slots"] and ours > sglang["reserved"], case
+        else:  # the ratio budget, all of it counted as reserved: SGLang's rounds its slots down, less than one
+            # slot's states below it (max_running_requests 48 does not cap SGLang's verify slots here)
+            assert 0 <= ours - sglang["reserved"] < SHAPE32_STATE * (1 + spec), case
+            assert sglang["slots"] >= slots, case
+            if not spec:
+                assert sglang["slots"] == slots, case

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hybrid_shape import state_per_request, write_hybrid_shape
 from module_runner import COLLECTIONS_ROOT, invoke_module
 from nvidia_recordings import recorded_gpus
 
@@ -165,6 +166,15 @@ def test_nvidia_smi_failures(run_module, mode, kind, words):
         ),
         pytest.param({"tp_size": 4}, ["fit.tp_size=4", "needs 4 GPUs but this host has 2"], id="too-few-gpus"),
         pytest.param({"context_length": 0}, ["fit.context_length=0"], id="context-zero"),
+        pytest.param(
+            {"max_running_requests": 0}, ["fit.max_running_requests=0", "positive integer"], id="running-zero"
+        ),
+        pytest.param(
+            {"max_mamba_cache_size": -8}, ["fit.max_mamba_cache_size=-8", "positive integer"], id="mamba-cache-negative"
+        ),
+        pytest.param(
+            {"disable_radix_cache": "sometimes"}, ["disable_radix_cache", "'sometimes'", "boolean"], id="radix-not-bool"
+        ),
         pytest.param(
             {"target_model_path": "/nonexistent/model"},
             ["fit.target_model_path='/nonexistent/model'", "not a directory"],
@@ -354,3 +364,31 @@ def test_tp2_with_a_foreign_40gb_process_on_gpu1_does_not_fit_as_sglang_decides(
         assert "pid 4242 (/opt/other/bin/python, 40960 MiB)" in got["reason"]
     else:
         assert "only warns" in got["tp_memory_balance"]["warning"]
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_disable_radix_cache_reserves_the_state_of_every_running_request(run_module, tmp_path, check_mode):
+    """The Qwen3.6-27B shape at 32 layers with its drafter on the recorded idle H200, 17 draft tokens: with
+    --disable-radix-cache SGLang reserves (96 + 1) x (1 + 17) request states for --max-running-requests 96, more
+    than the weights leave; with the radix cache it sizes the state from mamba_full_memory_ratio and fits. Check
+    mode returns the same (the module only reads)."""
+    target, drafter = write_hybrid_shape(tmp_path / "shape", 32)
+    fit = {
+        "target_model_path": str(target),
+        "draft_model_path": str(drafter),
+        "mem_fraction": 0.85,
+        "context_length": 40960,
+        "speculative_num_draft_tokens": 17,
+        "max_running_requests": 96,
+    }
+    recording = SMI / "h200" / "idle"
+    off = run_module({"fit": {**fit, "disable_radix_cache": True}}, recording, check_mode=check_mode)
+    on = run_module({"fit": fit}, recording, check_mode=check_mode)
+    assert off["changed"] is False and on["changed"] is False
+    state = 97 * 18 * state_per_request(24)
+    assert (off["fit"]["linear_state_rule"], off["fit"]["linear_state_bytes_per_gpu"]) == ("disable_radix_cache", state)
+    assert (off["fit"]["disable_radix_cache"], off["fit"]["max_running_requests"]) == (True, 96)
+    assert off["fit"]["fits"] is False and off["fit"]["kv_tokens_fit"] == 0
+    assert "Loaded weights leave no GPU memory for the KV cache" in off["fit"]["reason"]
+    assert (on["fit"]["linear_state_rule"], on["fit"]["disable_radix_cache"]) == ("mamba_full_memory_ratio", False)
+    assert on["fit"]["fits"] is True
