@@ -417,7 +417,8 @@ def sglang_flag(
     :class:`AnsibleFilterError` (naming the flag, the value and the fix) where it would refuse the command line:
 
     - ``int`` / ``float``: an option with ``type=int`` / ``type=float`` (``--max-running-requests``,
-      ``--mamba-full-memory-ratio``): ``int(word)`` / ``float(word)``; a missing value is an error.
+      ``--mamba-full-memory-ratio``): ``int(word)`` / ``float(word)``; a missing value is an error. A word with a
+      systemd variable (``${N}``, ``$N``: expanded only when the command starts) is not known here: ``default``.
     - ``bool``: a switch (``action="store_true"``, ``--disable-radix-cache``): present is ``True``, absent is
       ``default`` (``False`` when that is None); ``--flag=value`` or a word after the switch that is not a flag is an
       error (argparse: "ignored explicit argument", "unrecognized arguments").
@@ -458,6 +459,9 @@ def sglang_flag(
                     raise AnsibleFilterError(
                         f"{name} has no value: SGLang's argparse expects one argument, {number}; {fix}"
                     )
+                if "$" in given:  # $VAR / ${VAR}: systemd expands it when it starts the command; unknown here
+                    value = default
+                    continue
                 try:
                     value = int(given) if type == "int" else float(given)
                 except ValueError:

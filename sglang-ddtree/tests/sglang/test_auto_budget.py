@@ -108,9 +108,9 @@ def test_with_the_variable_off_a_hybrid_targets_narrower_widths_run_eagerly(monk
 
 @pytest.mark.parametrize("variable", [None, "1"])
 def test_a_hybrid_targets_widths_get_graphs_and_linear_state_of_their_own(monkeypatch, variable):
-    """By default (or SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=1) each narrower width's runner gets a hybrid backend sharing the
-    full-attention backend (and its widest-sized buffers) and a copy of SGLang's own linear-attention backend class
-    whose per-width graph state is built afresh at that width; the widest's state is untouched."""
+    """By default (or SGLANG_DDTREE_HYBRID_WIDTH_GRAPHS=1) each narrower width's runner gets a hybrid backend
+    sharing the full-attention backend (and its widest-sized buffers) and a copy of SGLang's own linear-attention
+    backend class whose per-width graph state is built afresh at that width; the widest's state is untouched."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
         HybridLinearAttnBackend,
         MambaAttnBackendBase,
