@@ -17,7 +17,7 @@
 # glue-check (the fused glue kernels compiled on the GPU against their torch references; the start-up warm-up, and
 # that rounds after it compile no new variant), cost-8b, cost-hybrid,
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
-# shapes; HYBRID_LAYERS, default 40 on a GPU of 130 GB or more, else 20 (hybrid_layers); COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
+# shapes, and cost-tiny on sglang-setup's tiny pair; HYBRID_LAYERS, default 40 on a GPU of 130 GB or more, else 20 (hybrid_layers); COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens).
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
@@ -135,6 +135,8 @@ run_step() {
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
+    cost-tiny) step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
+        --contexts 128 --budgets "${COST_BUDGETS:-16}" --repeats "${COST_REPEATS:-5}" ;;
     cost-pair) step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
         --label trained-pair --contexts 128 --batches 1,8 --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
         --repeats 3 ;;
