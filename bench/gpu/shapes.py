@@ -76,7 +76,10 @@ def qwen36_27b_hybrid(layers: int) -> tuple[dict, dict]:
                 eos_token_id=0)
     text.pop("mtp_num_hidden_layers", None)
     config.update(eos_token_id=0, torch_dtype="bfloat16")
-    ids = sorted({round(i * (layers - 1) / 4) for i in range(5)})
+    # Five layers spread as z-lab's Qwen3-8B drafter spreads them over 36 (1, 9, 17, 25, 33): from 1 to L - 3. SGLang
+    # captures the hidden state after layer id at the input of layer id + 1 (set_dflash_layers_to_capture marks
+    # self.layers[id + 1]), so an id of L - 1 is an IndexError at start.
+    ids = sorted({1 + round(i * (layers - 4) / 4) for i in range(5)})
     drafter = _drafter(5120, 32, 8, 128, 17408, text["vocab_size"], layers, ids,
                        float(text["rope_parameters"]["rope_theta"]), 40960)
     return config, drafter
