@@ -953,3 +953,27 @@ def test_the_state_reservation_is_sglangs(tmp_path, version):
             assert sglang["slots"] >= slots, case
             if not spec:
                 assert sglang["slots"] == slots, case
+
+
+#: An idle H200 as recorded (tests/unit/fixtures/nvidia_smi/h200/idle): 143771 MiB, 143156 free.
+H200 = dict(H100, name="NVIDIA H200", memory_total_mib=143771, memory_free_mib=143156)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "layers", "fits"),
+    [
+        pytest.param(H100, 20, True, id="h100-20"),  # bench/gpu/run_all.sh's hybrid_layers below 130 GB
+        pytest.param(H100, 32, False, id="h100-32"),  # what stopped SGLang on the H100 (12-05)
+        pytest.param(H200, 40, True, id="h200-40"),  # hybrid_layers at 130 GB or more
+        pytest.param(H200, 64, False, id="h200-64"),  # the real depth: 53.8 GB of weights + 91.4 GB of state
+    ],
+)
+def test_the_depths_the_gpu_step_cost_uses_fit_their_gpus(tmp_path, gpu, layers, fits):
+    """The GPU step cost (bench/gpu/step_cost.py via run_all.sh cost-hybrid) runs the shape with the engine settings of
+    bench/gpu/sglang_ddtree_run.py: --disable-radix-cache, 32 running requests, DDTREE's 17 draft tokens, 0.85."""
+    target, drafter = hybrid_shape(tmp_path, layers)
+    fit = mf.plan_fit(target, drafter, [gpu], tp_size=1, mem_fraction=0.85, context_length=1024,
+                      speculative_num_draft_tokens=17, max_running_requests=32, disable_radix_cache=True)
+    assert fit["fits"] is fits, fit["reason"]
+    if fits:  # a KV cache of some room left: 483,444 tokens at 20 layers on the H100, 511,949 at 40 on the H200
+        assert fit["kv_tokens_fit"] >= 100_000, fit["kv_tokens_fit"]
