@@ -46,6 +46,7 @@ cpu_stages() {
     "releases_in_between"
   stage "ansible-doc, collection build, ansible-test sanity" "bash scripts/sanity.sh"
   stage "ansible-test sanity on ansible-core 2.17 and 2.21" "bash scripts/sanity-cores.sh"
+  stage "the role task files driven by ansible-playbook, on ansible-core 2.17 and 2.21" "role_tasks_other_cores"
   for scenario in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$scenario")")
     stage "molecule test -s $scenario" "$bin/molecule test -s $scenario"
@@ -73,6 +74,17 @@ lab_pyt() { SPECDEC_REQUIRE_LAB=1 pyt "$bin/python" -m pytest -q "$@"; }
 lab_integration() {
   lab_pyt tests/integration --ignore=tests/integration/test_pivot_faults.py --ignore=tests/integration/test_fleet.py \
     --ignore=tests/integration/test_lab_host.py
+}
+# The unit tests that drive the roles' task files through a real ansible-playbook (tests/unit/local_playbook.py), on
+# the other cores' venvs (.venv-core-*: the oldest meta/runtime.yml admits and the newest); the stage above ran them
+# on .venv's 2.19.
+role_tasks_other_cores() {
+  local venv files
+  mapfile -t files < <(grep -l 'from local_playbook import' tests/unit/test_*.py)
+  for venv in .venv-core-*/; do
+    venv=$PWD/${venv%/}
+    SPECDEC_ANSIBLE_PLAYBOOK=$venv/bin/ansible-playbook pyt "$bin/python" -m pytest -q "${files[@]}" || return 1
+  done
 }
 releases_in_between() {
   local fast=(sglang-ddtree/tests/sglang/test_registration.py sglang-ddtree/tests/sglang/test_server_args.py

@@ -12,6 +12,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def ansible_playbook() -> str:
+    """This checkout's ansible-playbook (.venv: the ansible-core the pivot is run with), or another core's where
+    SPECDEC_ANSIBLE_PLAYBOOK names it (scripts/test.sh runs these tests again on the oldest core runtime.yml admits)."""
+    return os.environ.get("SPECDEC_ANSIBLE_PLAYBOOK") or str(REPO / ".venv" / "bin" / "ansible-playbook")
+
+
+def run_local_playbook_version() -> str:
+    """``ansible-playbook --version``'s first line, e.g. ``ansible-playbook [core 2.19.4]``."""
+    proc = subprocess.run([ansible_playbook(), "--version"], capture_output=True, text=True, check=True, timeout=60)
+    return proc.stdout.splitlines()[0]
+
+
 def run_local_playbook(book: Path, tmp_path: Path, *args: str, env: dict | None = None,
                        timeout: float = 300) -> subprocess.CompletedProcess:
     """``ansible-playbook -i localhost, BOOK ARGS...`` from the repository root; ``env`` (default: this process's
@@ -25,6 +37,6 @@ def run_local_playbook(book: Path, tmp_path: Path, *args: str, env: dict | None 
         ANSIBLE_NOCOLOR="1",
     )
     return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(book), *args],
+        [ansible_playbook(), "-i", "localhost,", str(book), *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False,
     )  # fmt: skip
