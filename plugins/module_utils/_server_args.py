@@ -110,6 +110,32 @@ def ddtree_startup_check(args: argparse.Namespace, hooks: SGLangHooks) -> dict:
     return out
 
 
+#: Abbreviations the pivot reads as SGLang does (``sglang_flag``'s aliases): not reported by :func:`abbreviations`.
+#: ``--tp`` is how SGLang's own documentation writes ``--tp-size``.
+READ_ABBREVIATIONS = frozenset({"--tp"})
+
+
+def abbreviations(words: list[str], option_strings) -> dict:
+    """``{word: option}`` for each flag in ``words`` that is not one of ``option_strings`` but a prefix of exactly one
+    of them: argparse (``allow_abbrev``, SGLang's parser) expands ``--max-running 8`` to ``--max-running-requests 8``,
+    while the pivot reads a flag by its full name. Words after ``--`` and values are not flags; ``--flag=value``
+    counts as ``--flag``; :data:`READ_ABBREVIATIONS` are left out."""
+    options = sorted(str(o) for o in option_strings)
+    found = {}
+    for word in words:
+        if word == "--":
+            break
+        if not word.startswith("--"):
+            continue
+        name = word.split("=", 1)[0]
+        if name in options or name in READ_ABBREVIATIONS:
+            continue
+        matches = [o for o in options if o.startswith(name)]
+        if len(matches) == 1:
+            found[name] = matches[0]
+    return found
+
+
 def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dict:
     """The verdict on ``words`` (the server's words from the first ``--flag`` on).
 
@@ -117,13 +143,14 @@ def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dic
     not checked), ``error`` (argparse's message when refused), ``reason``, ``algorithm`` (the parsed
     ``--speculative-algorithm``), ``algorithm_resolved`` (its registered name, or None with ``reason``),
     ``startup_check`` (DDTREE only, else None: :func:`ddtree_startup_check`'s verdict; a refusal there makes ``ok``
-    false with the plugin's message as ``error``). What SGLang prints while importing and parsing is swallowed; the
+    false with the plugin's message as ``error``), ``abbreviations`` (:func:`abbreviations` of the parsed words: SGLang
+    accepts them, the role refuses them). What SGLang prints while importing and parsing is swallowed; the
     caller's stdout stays clean.
     """
     hooks = hooks or SGLangHooks()
     words = [str(w) for w in words]
     out = {"checked": False, "ok": None, "error": "", "reason": "", "algorithm": None, "algorithm_resolved": None,
-           "startup_check": None}
+           "startup_check": None, "abbreviations": {}}
     noise = io.StringIO()
     with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
         try:
@@ -141,7 +168,7 @@ def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dic
             out.update(ok=False, error=str(exc))
             return out
         algorithm = getattr(args, "speculative_algorithm", None)
-        out.update(ok=True, algorithm=algorithm)
+        out.update(ok=True, algorithm=algorithm, abbreviations=abbreviations(words, parser._option_string_actions))
         if algorithm:
             try:
                 out["algorithm_resolved"] = hooks.resolve_algorithm(algorithm)

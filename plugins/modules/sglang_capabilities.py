@@ -432,8 +432,9 @@ plugin_checks:
     server_args:
       description:
         - SGLang's parser's verdict on the new server words, the keys of module specdec.pivot.sglang_server_args
-          (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved), and C(startup_check), the
-          verdict of sglang-ddtree's own start-up check on a DDTREE command line); secrets masked.
+          (C(checked), C(ok), C(error), C(reason), C(algorithm), C(algorithm_resolved), C(startup_check), the
+          verdict of sglang-ddtree's own start-up check on a DDTREE command line, and C(abbreviations)); secrets
+          masked.
       type: dict
       returned: when O(plugin_checks.server_args) is true
     budget:
@@ -958,7 +959,8 @@ def main() -> None:
                     reason = f"the check did not run: {errors}"
                     checks[name] = {
                         "server_args": {"checked": False, "ok": None, "error": "", "algorithm": None,
-                                        "algorithm_resolved": None, "reason": reason, "startup_check": None},
+                                        "algorithm_resolved": None, "reason": reason, "startup_check": None,
+                                        "abbreviations": {}},
                         "budget": {"checked": False, "ok": None, "value": None, "candidates": None, "error": "",
                                    "reason": reason},
                     }.get(name, {"rc": 1, "stdout": "", "stderr": reason})
@@ -1026,6 +1028,7 @@ def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | N
                 "algorithm_resolved": None,
                 "reason": UNCHECKED_EXPANSION,
                 "startup_check": None,
+                "abbreviations": {},
             }
         else:
             request["server_args"] = {

@@ -121,6 +121,15 @@ startup_check:
   returned: always
   type: dict
   sample: {checked: true, ok: false, error: "--page-size=16: ...; pass --page-size 1 (the default)", reason: ""}
+abbreviations:
+  description:
+    - The flags of O(args) that SGLang's parser accepts only as abbreviations (argparse expands a unique prefix,
+      C(--max-running 8) to C(--max-running-requests 8)), each mapped to the full name; empty when not RV(checked) or
+      refused. C(--tp), the short form SGLang's documentation uses for C(--tp-size), is not listed.
+    - The pivot reads the unit's flags by their full names, so role specdec.pivot.sglang_preflight refuses these.
+  returned: always
+  type: dict
+  sample: {"--max-running": "--max-running-requests"}
 """
 
 import json

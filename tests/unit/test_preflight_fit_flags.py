@@ -42,6 +42,7 @@ PLAYBOOK = """
     sglang_preflight_caps:  # as sglang_capabilities returns them
       exec_start_new: {{argv: {new_argv}}}
       unit: {{argv: {old_argv}, environment: {{CUDA_VISIBLE_DEVICES: "0"}}}}
+      plugin_checks: {{server_args: {{abbreviations: {abbreviations}}}}}
   tasks:
     - name: The role's server settings
       ansible.builtin.import_tasks: {repo}/roles/sglang_preflight/tasks/server.yml
@@ -67,7 +68,9 @@ PLAYBOOK = """
 """
 
 
-def run_preflight_fit(tmp_path: Path, flags: list[str]) -> tuple[int, str, dict | None]:
+def run_preflight_fit(
+    tmp_path: Path, flags: list[str], abbreviations: dict | None = None
+) -> tuple[int, str, dict | None]:
     target, drafter = write_hybrid_shape(tmp_path / "shape", 32)
     new_argv = [
         "/venv/bin/python", "-m", "sglang.launch_server", "--model-path", str(target), "--port", "30000",
@@ -81,6 +84,7 @@ def run_preflight_fit(tmp_path: Path, flags: list[str]) -> tuple[int, str, dict 
         PLAYBOOK.format(
             stand_in=STAND_IN, drafter=drafter, target=target, repo=REPO, out=out,
             new_argv=json.dumps(new_argv), old_argv=json.dumps(new_argv[:7]),
+            abbreviations=json.dumps(abbreviations or {}),
         )
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_SMI_STANDIN", "ANSIBLE_"))}
@@ -196,3 +200,37 @@ def test_a_flag_sglang_would_refuse_stops_before_the_fit(tmp_path, flags, messag
     text = one_line(out)
     assert message in text, out[-4000:]
     assert "fix it in the unit's ExecStart (or sglang_preflight_extra_args)" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "abbreviations", "message"),
+    [
+        pytest.param(
+            ["--max-running", "96"], {"--max-running": "--max-running-requests"},
+            "The command line abbreviates --max-running, which SGLang's argparse expands to --max-running-requests;",
+            id="abbreviation",
+        ),
+        pytest.param(
+            ["--config", "/etc/sglang/server.yaml"], {},
+            "The unit's ExecStart passes --config: SGLang merges that YAML file's options into its command line",
+            id="config-file",
+        ),
+        pytest.param(
+            ["--config=/etc/sglang/server.yaml"], {}, "Move the file's options into ExecStart", id="config-equals",
+        ),
+    ],
+)  # fmt: skip
+def test_a_flag_the_pivot_would_not_read_as_sglang_does_stops_the_preflight(tmp_path, flags, abbreviations, message):
+    """An abbreviation (as the SGLang parser's verdict reports it: test_server_args.py) or a --config file: SGLang
+    would read a setting that the pivot's own reading of the command line misses, so the preflight stops first."""
+    rc, out, kept = run_preflight_fit(tmp_path, flags, abbreviations)
+    text = one_line(out)
+    assert rc != 0 and kept is None, out[-4000:]
+    assert message in text, out[-4000:]
+    assert "Nothing was changed." in text
+
+
+def test_tp_the_short_form_sglang_documents_is_read(tmp_path):
+    out, kept = run_preflight_fit(tmp_path, ["--tp", "2"])[1:]
+    assert kept is not None, out[-4000:]
+    assert as_set_fact_keeps(kept["server"]["tp_size"]) == 2

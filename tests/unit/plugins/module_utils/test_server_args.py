@@ -113,10 +113,39 @@ BASE = ["--model-path", "/models/t"]
 )
 def test_check_server_args(capsys, words, hooks, expected):
     out = sa.check_server_args(words, StandInHooks(**hooks))
-    assert set(out) == {"checked", "ok", "error", "reason", "algorithm", "algorithm_resolved", "startup_check"}
+    assert set(out) == {"checked", "ok", "error", "reason", "algorithm", "algorithm_resolved", "startup_check",
+                        "abbreviations"}
     assert {k: out[k] for k in expected} == expected
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", "")  # SGLang's noise is swallowed
+
+
+OPTIONS = ["--model-path", "--port", "--speculative-algorithm", "--speculative-num-draft-tokens", "--enable-metrics",
+           "--tp-size", "--tensor-parallel-size", "--max-running-requests", "--max-prefill-tokens"]
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (["--port", "30000", "--enable-metrics"], {}),
+        (["--max-running", "8"], {"--max-running": "--max-running-requests"}),
+        (["--po=30001", "--enable-m"], {"--po": "--port", "--enable-m": "--enable-metrics"}),
+        (["--max", "8"], {}),  # two options start so: argparse refuses it as ambiguous, not an abbreviation
+        (["--tp", "2"], {}),  # the short form SGLang documents, read by the pivot as --tp-size
+        (["--model-path", "/m", "--", "--po", "1"], {}),  # after --: not flags
+        (["-p", "1"], {}),  # a single dash: not argparse's long-option abbreviation
+    ],
+    ids=["full-names", "abbreviated", "equals-and-switch", "ambiguous", "tp", "after-double-dash", "single-dash"],
+)
+def test_abbreviations(words, expected):
+    assert sa.abbreviations(words, OPTIONS) == expected
+
+
+def test_the_parser_reports_the_abbreviations_it_accepted():
+    out = sa.check_server_args([*BASE, "--po", "30001", "--enable-met"], StandInHooks())
+    assert (out["ok"], out["abbreviations"]) == (True, {"--po": "--port", "--enable-met": "--enable-metrics"})
+    refused = sa.check_server_args([*BASE, "--po", "http"], StandInHooks())
+    assert (refused["ok"], refused["abbreviations"]) == (False, {})
 
 
 @pytest.fixture

@@ -39,6 +39,12 @@ def test_sglang_accepts_a_command_line_in_check_mode():
     assert r["msg"].startswith(f"SGLang's parser in {PY_023} accepts the command line")
 
 
+def test_sglang_expands_abbreviations_and_the_module_names_them():
+    r = run(PY_023, [*BASE, "--max-running", "8", "--mem-fraction=0.8", "--tp", "2", "--enable-metrics"])
+    assert (r["checked"], r["ok"]) == (True, True), r
+    assert r["abbreviations"] == {"--max-running": "--max-running-requests", "--mem-fraction": "--mem-fraction-static"}
+
+
 def test_sglang_refuses_an_unknown_flag():
     r = run(PY_023, [*BASE, "--speculative-budget", "16"])
     assert r.get("failed") is not True  # a refusal is a result; the role asserts on it
