@@ -53,6 +53,7 @@ def test_the_defaults_pass(tmp_path):
             ['sglang_service_health_path must be a path that starts with / (no spaces, no query) (got "health")'],
         ),
         ({"sglang_service_health_path": "/health?x=1"}, ["sglang_service_health_path must be a path"]),
+        ({"sglang_service_health_path": "/my health"}, ["sglang_service_health_path must be a path"]),
         ({"sglang_service_generate_prompt": "  "}, ["sglang_service_generate_prompt must be not empty"]),
         ({"sglang_service_generate_max_new_tokens": 0}, ["sglang_service_generate_max_new_tokens must be >= 1"]),
         ({"sglang_service_baseline_prompts": ["a", ""]}, ["sglang_service_baseline_prompts must be a list of prompts"]),
@@ -80,6 +81,11 @@ def test_a_value_the_switch_cannot_use_is_refused(tmp_path, extra, refusals):
     assert rc != 0
     for refusal in refusals:
         assert refusal in out, out[-3000:]
+
+
+def test_a_health_path_with_any_letters_passes(tmp_path):
+    rc, out = run_preflight(tmp_path, {"sglang_service_health_path": "/v1/status/sglang-health_s"})
+    assert rc == 0, out[-3000:]
 
 
 def test_an_empty_baseline_is_fine_when_the_baseline_is_off(tmp_path):
