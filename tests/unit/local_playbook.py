@@ -4,7 +4,9 @@ interpreter as the target's Python, plain-text output."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +26,9 @@ def run_local_playbook_version() -> str:
     return proc.stdout.splitlines()[0]
 
 
-def run_local_playbook(book: Path, tmp_path: Path, *args: str, env: dict | None = None,
-                       timeout: float = 300) -> subprocess.CompletedProcess:
+def run_local_playbook(
+    book: Path, tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``ansible-playbook -i localhost, BOOK ARGS...`` from the repository root; ``env`` (default: this process's
     environment) gets the Ansible settings above. Never raises on a failed play: the caller reads ``returncode``."""
     env = dict(os.environ if env is None else env)
@@ -40,3 +43,17 @@ def run_local_playbook(book: Path, tmp_path: Path, *args: str, env: dict | None 
         [ansible_playbook(), "-i", "localhost,", str(book), *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env, check=False,
     )  # fmt: skip
+
+
+def one_line(out: str) -> str:
+    """A play's output with the YAML callback's line wrapping (which differs between ansible-core releases) and its
+    doubled quotes undone, for asserting on a message."""
+    return re.sub(r"\s+", " ", out).replace("''", "'")
+
+
+def play(tmp_path: Path, playbook: str, extra: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+    """Run the playbook text with ``extra`` as extra vars (JSON): its exit status and :func:`one_line` output."""
+    book = tmp_path / "book.yml"
+    book.write_text(playbook)
+    proc = run_local_playbook(book, tmp_path, *(["-e", json.dumps(extra)] if extra else []), timeout=timeout)
+    return proc.returncode, one_line(proc.stdout + proc.stderr)

@@ -5,13 +5,11 @@ variable, the rule and the value; the defaults and the fleet lab's settings pass
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from local_playbook import run_local_playbook
+from local_playbook import play
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = yaml.safe_load((REPO / "inventories" / "lab-fleet" / "group_vars" / "all.yml").read_text())["pivot_balancer"]
@@ -27,11 +25,7 @@ PLAYBOOK = f"""
 
 
 def run_checks(tmp_path: Path, extra: dict):
-    book = tmp_path / "book.yml"
-    book.write_text(PLAYBOOK)
-    args = ["-e", json.dumps(extra)] if extra else []
-    proc = run_local_playbook(book, tmp_path, *args, timeout=120)
-    return proc.returncode, re.sub(r"\s+", " ", proc.stdout + proc.stderr).replace("''", "'")
+    return play(tmp_path, PLAYBOOK, extra)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hybrid_shape import state_per_request, write_hybrid_shape
-from local_playbook import run_local_playbook, run_local_playbook_version
+from local_playbook import one_line, run_local_playbook, run_local_playbook_version
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = REPO / "lab" / "stand-ins" / "nvidia-smi"
@@ -118,11 +118,6 @@ def as_set_fact_keeps(value):
         except ValueError:
             pass
     return value
-
-
-def one_line(out: str) -> str:
-    """The play's output with the YAML callback's line wrapping and doubled quotes undone."""
-    return re.sub(r"\s+", " ", out).replace("''", "'")
 
 
 P = state_per_request(24)  # 76,972,032 bytes: one request's GatedDeltaNet state at tp 1

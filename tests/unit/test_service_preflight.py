@@ -6,13 +6,11 @@ rule and the value; the defaults pass. playbooks/pivot.yml runs it in its prefli
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from local_playbook import run_local_playbook
+from local_playbook import play
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,11 +27,7 @@ PLAYBOOK = """
 
 
 def run_preflight(tmp_path: Path, extra: dict):
-    book = tmp_path / "book.yml"
-    book.write_text(PLAYBOOK)
-    args = ["-e", json.dumps(extra)] if extra else []
-    proc = run_local_playbook(book, tmp_path, *args, timeout=120)
-    return proc.returncode, re.sub(r"\s+", " ", proc.stdout + proc.stderr).replace("''", "'")
+    return play(tmp_path, PLAYBOOK, extra)
 
 
 def test_the_defaults_pass(tmp_path):
