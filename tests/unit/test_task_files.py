@@ -46,7 +46,7 @@ def _imports(tasks):
                 "show.yml",
             ],
         ),
-        ("sglang_service/tasks/main.yml", ["prepare.yml", "switch.yml"]),
+        ("sglang_service/tasks/main.yml", ["preflight.yml", "prepare.yml", "switch.yml"]),
         ("sglang_service/tasks/restore.yml", ["restore_find.yml", "restore_apply.yml"]),
         ("ddtree_plugin/tasks/main.yml", ["build.yml", "stage.yml", "install.yml", "install_failed.yml"]),
     ],
