@@ -26,6 +26,7 @@ import gzip
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from engine_run import run_config
@@ -96,17 +97,26 @@ def greedy_identity(reference: list[list[int]] | None, outputs: list[list[int]] 
             "first_divergence": sorted(divergence)}
 
 
-def read_traces(directory: Path) -> list[dict]:
-    events = []
-    for path in sorted(directory.rglob("*.json*")):
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rt") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        events += data.get("traceEvents", []) if isinstance(data, dict) else []
-    return events
+def read_traces(directory: Path, wait_s: float = 60.0, poll_s: float = 0.5) -> list[dict]:
+    """The ``traceEvents`` of every trace file under ``directory``. The profiler's process may still be writing one
+    when ``stop_profile`` returns (a gzip that ends early: seen on the H100, 12-05), so this waits up to ``wait_s``
+    for at least one file and for every file to read whole; a file still unreadable then is left out."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        events, unreadable = [], 0
+        paths = sorted(directory.rglob("*.json*"))
+        for path in paths:
+            opener = gzip.open if path.suffix == ".gz" else open
+            try:
+                with opener(path, "rt") as fh:
+                    data = json.load(fh)
+            except (OSError, ValueError, EOFError):
+                unreadable += 1
+                continue
+            events += data.get("traceEvents", []) if isinstance(data, dict) else []
+        if (paths and not unreadable) or time.monotonic() >= deadline:
+            return events
+        time.sleep(poll_s)
 
 
 def _commit() -> str | None:

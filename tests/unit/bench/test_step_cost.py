@@ -34,3 +34,37 @@ def test_greedy_identity(reference, outputs, expected):
 )
 def test_busy_time_is_the_union(intervals, busy):
     assert step_cost.busy_time(intervals) == busy
+
+
+def _gzip_trace(path: Path, events: list) -> bytes:
+    import gzip
+    import json
+
+    data = gzip.compress(json.dumps({"traceEvents": events}).encode())
+    path.write_bytes(data)
+    return data
+
+
+def test_read_traces_waits_for_a_trace_still_being_written(tmp_path):
+    """The profiler's process may still be writing its gzip when stop_profile returns (H100, 12-05: EOFError): the
+    reader waits until it reads whole, then returns its events."""
+    import threading
+
+    path = tmp_path / "batch1" / "trace.json.gz"
+    path.parent.mkdir()
+    whole = _gzip_trace(path, [{"name": "k", "ph": "X"}])
+    path.write_bytes(whole[: len(whole) // 2])  # cut short, as the profiler leaves it for a moment
+    writer = threading.Timer(0.3, path.write_bytes, args=(whole,))
+    writer.start()
+    try:
+        assert step_cost.read_traces(tmp_path, wait_s=10, poll_s=0.05) == [{"name": "k", "ph": "X"}]
+    finally:
+        writer.join()
+
+
+def test_read_traces_leaves_out_a_file_that_never_reads_whole(tmp_path):
+    good = tmp_path / "a.json.gz"
+    _gzip_trace(good, [{"name": "a"}])
+    broken = tmp_path / "b.json.gz"
+    broken.write_bytes(good.read_bytes()[:10])
+    assert step_cost.read_traces(tmp_path, wait_s=0.2, poll_s=0.05) == [{"name": "a"}]
