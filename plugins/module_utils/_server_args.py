@@ -136,6 +136,12 @@ def abbreviations(words: list[str], option_strings) -> dict:
     return found
 
 
+def unchecked(reason: str = "") -> dict:
+    """A verdict of :func:`check_server_args` with nothing decided (SGLang's parser was not asked: ``reason``)."""
+    return {"checked": False, "ok": None, "error": "", "reason": reason, "algorithm": None, "algorithm_resolved": None,
+            "startup_check": None, "abbreviations": {}}
+
+
 def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dict:
     """The verdict on ``words`` (the server's words from the first ``--flag`` on).
 
@@ -149,8 +155,7 @@ def check_server_args(words: list[str], hooks: SGLangHooks | None = None) -> dic
     """
     hooks = hooks or SGLangHooks()
     words = [str(w) for w in words]
-    out = {"checked": False, "ok": None, "error": "", "reason": "", "algorithm": None, "algorithm_resolved": None,
-           "startup_check": None, "abbreviations": {}}
+    out = unchecked()
     noise = io.StringIO()
     with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
         try:

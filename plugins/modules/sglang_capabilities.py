@@ -958,9 +958,7 @@ def main() -> None:
                     errors = "; ".join(probe.get("errors") or []) or "no error recorded"
                     reason = f"the check did not run: {errors}"
                     checks[name] = {
-                        "server_args": {"checked": False, "ok": None, "error": "", "algorithm": None,
-                                        "algorithm_resolved": None, "reason": reason, "startup_check": None,
-                                        "abbreviations": {}},
+                        "server_args": _server_args.unchecked(reason),
                         "budget": {"checked": False, "ok": None, "value": None, "candidates": None, "error": "",
                                    "reason": reason},
                     }.get(name, {"rc": 1, "stdout": "", "stderr": reason})
@@ -1020,16 +1018,7 @@ def plugin_request(p: dict, result: dict, secrets: dict) -> tuple[dict, dict | N
                 "plugin_checks.server_args needs speculative_flags (and unit): it checks the new ExecStart"
             )
         if any(re.search(r"[$%]", str(w)) for w in new["argv"]):
-            unchecked = {
-                "checked": False,
-                "ok": None,
-                "error": "",
-                "algorithm": None,
-                "algorithm_resolved": None,
-                "reason": UNCHECKED_EXPANSION,
-                "startup_check": None,
-                "abbreviations": {},
-            }
+            unchecked = _server_args.unchecked(UNCHECKED_EXPANSION)
         else:
             request["server_args"] = {
                 "source": _server_args.child_source(),
