@@ -19,7 +19,9 @@
 # cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
 # shapes, and cost-tiny on sglang-setup's tiny pair; HYBRID_LAYERS, default 40 on a GPU of 130 GB or more, else 20 (hybrid_layers); COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
-# attention with and without the tree mask at 16 and 17 tokens).
+# attention with and without the tree mask at 16 and 17 tokens). lossless-shape: bench/gpu/lossless.py (tie-aware greedy
+# identity, oracle-forced deep and branching acceptance, graph vs eager) on the Qwen3.6-27B hybrid shape
+# (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS.
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
 # ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
@@ -44,6 +46,7 @@ step_need() {
   case "$1" in
     http-semantics) echo 330 ;;
     cost-hybrid) echo 300 ;;
+    lossless-shape) echo 300 ;;
     *) echo 30 ;;
   esac
 }
@@ -145,10 +148,15 @@ run_step() {
           --repeats ${COST_REPEATS:-5}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
-          --label qwen3-8b-shape --contexts 1024,8192,32768 --context-batches '32768=1,8' --algos DFLASH,DDTREE \
+          --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '32768=1,8' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
     cost-tiny) step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
-        --contexts 128 --budgets "${COST_BUDGETS:-16}" --repeats "${COST_REPEATS:-5}" ;;
+        --contexts 128 --budgets "${COST_BUDGETS:-16}" --repeats "${COST_REPEATS:-5}" --batches "${COST_BATCHES:-1,8,32}" \
+        --algos "${COST_ALGOS:-none,DFLASH,DDTREE}" ;;
+    lossless-shape) step lossless-shape bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
+          --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
+        python3 bench/gpu/lossless.py --models '$STATE/shape-hybrid' --work '$STATE/lossless-shape' --label hybrid \
+          --budgets ${SHAPE_BUDGETS:-16} --result '$STATE/lossless-shape/lossless-qwen36-27b-hybrid-shape.json'" ;;
     cost-pair) step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
         --label trained-pair --contexts 128 --batches 1,8 --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
         --repeats 3 ;;

@@ -200,11 +200,12 @@ def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, di
             {
                 "batch": bs,
                 "steps": steps,
-                **{k: v for k, v in counts.items() if k != "kernel_us"},
+                **{k: v for k, v in counts.items() if not k.endswith("_us") or k == "gpu_busy_us"},
                 "launches_per_step": counts["launches"] / steps,
                 "syncs_per_step": counts["syncs"] / steps,
                 "gpu_busy_ms_per_step": counts["gpu_busy_us"] / 1000.0 / steps,
-                "kernel_us_per_step": {k: round(v / steps, 2) for k, v in counts.pop("kernel_us").items()},
+                **{f"{table}_per_step": {k: round(v / steps, 2) for k, v in counts[table].items()}
+                   for table in ("kernel_us", "host_self_us", "host_inclusive_us")},
             }
         )
     return {"profile": rows}

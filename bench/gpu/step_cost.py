@@ -40,6 +40,48 @@ LAUNCH_NAMES = {
     "cudaLaunchCooperativeKernel",
 }
 SYNC_NAMES = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
+HOST_CATEGORIES = {"python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation"}
+
+
+def host_times(events: list[dict], top: int = 40) -> tuple[dict[str, float], dict[str, float]]:
+    """(self, inclusive) host microseconds by event name, the ``top`` largest of each: where the host's time goes.
+
+    Host events (``HOST_CATEGORIES``: Python frames when the profiler records stacks, torch ops, CUDA runtime
+    calls) nest per thread; an event's self time is its duration less its direct children's. A name that recurs
+    inside itself counts its outermost occurrence only in the inclusive table."""
+    by_thread: dict[tuple, list[tuple[float, float, str]]] = {}
+    for ev in events:
+        if ev.get("ph") not in (None, "X") or ev.get("cat") not in HOST_CATEGORIES or "ts" not in ev:
+            continue
+        start = float(ev["ts"])
+        by_thread.setdefault((ev.get("pid"), ev.get("tid")), []).append(
+            (start, start + float(ev.get("dur", 0.0)), ev.get("name", ""))
+        )
+    own: dict[str, float] = {}
+    inclusive: dict[str, float] = {}
+    for spans in by_thread.values():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack: list[list] = []  # [end, name, children's time, duration]
+
+        def close(frame: list) -> None:
+            end, name, children, dur = frame
+            own[name] = own.get(name, 0.0) + max(dur - children, 0.0)
+            if all(f[1] != name for f in stack):
+                inclusive[name] = inclusive.get(name, 0.0) + dur
+
+        for start, end, name in spans:
+            while stack and stack[-1][0] <= start:
+                close(stack.pop())
+            if stack:
+                stack[-1][2] += end - start
+            stack.append([end, name, 0.0, end - start])
+        while stack:
+            close(stack.pop())
+
+    def largest(table: dict[str, float]) -> dict[str, float]:
+        return dict(sorted(table.items(), key=lambda kv: -kv[1])[:top])
+
+    return largest(own), largest(inclusive)
 
 
 def busy_time(intervals: list[tuple[float, float]]) -> float:
@@ -58,7 +100,8 @@ def count_trace(events: list[dict]) -> dict:
     and the GPU busy time in microseconds (union of ``kernel`` events; a CUDA-graph replay's kernels included).
 
     A device-to-host ``cudaMemcpy``/``cudaMemcpyAsync`` (``.item()``, ``.tolist()``) is a host sync too.
-    ``kernel_us``: the 15 kernels (by name) with the most GPU time in the trace, in microseconds."""
+    ``kernel_us``: the 15 kernels (by name) with the most GPU time in the trace, in microseconds; ``host_self_us``
+    and ``host_inclusive_us``: ``host_times``."""
     launches = graph_launches = syncs = 0
     kernels = []
     by_name: dict[str, float] = {}
@@ -79,8 +122,18 @@ def count_trace(events: list[dict]) -> dict:
         elif name.startswith("cudaMemcpy") and "DtoH" in json.dumps(ev.get("args", {})):
             syncs += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    host_self, host_inclusive = host_times(events)
     return {"launches": launches, "graph_launches": graph_launches, "syncs": syncs, "gpu_busy_us": busy_time(kernels),
-            "kernel_us": dict(top)}
+            "kernel_us": dict(top), "host_self_us": host_self, "host_inclusive_us": host_inclusive}
+
+
+def host_difference(base: dict | None, other: dict | None, top: int = 15) -> list[tuple[str, float]]:
+    """The ``top`` names whose host self time per step grows most from ``base`` to ``other`` (a name missing from
+    one table counts 0 there), largest first."""
+    if not base or not other:
+        return []
+    grown = {name: other.get(name, 0.0) - base.get(name, 0.0) for name in set(base) | set(other)}
+    return sorted(((n, d) for n, d in grown.items() if d > 0), key=lambda kv: -kv[1])[:top]
 
 
 def greedy_identity(reference: list[list[int]] | None, outputs: list[list[int]] | None) -> dict | None:
@@ -186,6 +239,8 @@ def main() -> int:
                     row[f"{key}_syncs"] = p.get("syncs_per_step")
                     row[f"{key}_gpu_busy_ms"] = p.get("gpu_busy_ms_per_step")
                     row[f"{key}_kernels_us"] = p.get("kernel_us_per_step")
+                    row[f"{key}_host_self_us"] = p.get("host_self_us_per_step")
+                    row[f"{key}_host_inclusive_us"] = p.get("host_inclusive_us_per_step")
                 reference = by_batch("none", 0, context, "speed").get(batch, {}).get("outputs")
                 for algo, b in (("DFLASH", 0), ("DDTREE", budget)):
                     outputs = by_batch(algo, b, context, "speed").get(batch, {}).get("outputs")
@@ -216,6 +271,11 @@ def main() -> int:
             f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} | "
             f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} |"
         )
+    for r in rows:
+        extra = host_difference(r.get("dflash_host_self_us"), r.get("ddtree_host_self_us"))
+        if extra:
+            print(f"host self time DDTREE - DFLASH per step, batch {r['batch']}, context {r['context']} (us, under the "
+                  "profiler): " + "; ".join(f"{name} {us:+.1f}" for name, us in extra))
     if failed:
         print(f"engine runs failed: {', '.join(failed)}", flush=True)
     return 1 if failed else 0

@@ -68,3 +68,50 @@ def test_read_traces_leaves_out_a_file_that_never_reads_whole(tmp_path):
     broken = tmp_path / "b.json.gz"
     broken.write_bytes(good.read_bytes()[:10])
     assert step_cost.read_traces(tmp_path, wait_s=0.2, poll_s=0.05) == [{"name": "a"}]
+
+
+def _span(name, ts, dur, cat="python_function", tid=1):
+    return {"name": name, "ph": "X", "cat": cat, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def test_host_times_split_self_from_children():
+    """round (0-100) holds tree (10-40, which holds a launch 20-25) and walk (50-60); a kernel (GPU) and an
+    instant event are not host time; another thread's frame is counted on its own."""
+    events = [
+        _span("round", 0, 100),
+        _span("tree", 10, 30),
+        _span("cudaLaunchKernel", 20, 5, cat="cuda_runtime"),
+        _span("walk", 50, 10, cat="cpu_op"),
+        {"name": "k", "ph": "X", "cat": "kernel", "ts": 0, "dur": 500, "pid": 0, "tid": 0},
+        {"name": "mark", "ph": "i", "cat": "python_function", "ts": 5, "pid": 7, "tid": 1},
+        _span("tree", 0, 8, tid=2),
+    ]
+    own, inclusive = step_cost.host_times(events)
+    assert own == {"round": 60.0, "tree": 33.0, "walk": 10.0, "cudaLaunchKernel": 5.0}
+    assert inclusive == {"round": 100.0, "tree": 38.0, "walk": 10.0, "cudaLaunchKernel": 5.0}
+
+
+def test_host_times_count_a_recursive_frame_once_inclusively():
+    events = [_span("f", 0, 10), _span("f", 2, 4), _span("g", 20, 1)]
+    own, inclusive = step_cost.host_times(events, top=1)
+    assert inclusive == {"f": 10.0}  # the inner call is inside the outer one's 10
+    assert own == {"f": 10.0}  # 6 outer + 4 inner; top=1 leaves g out
+
+
+def test_count_trace_carries_the_host_tables():
+    counts = step_cost.count_trace([_span("round", 0, 10), _span("cudaLaunchKernel", 1, 2, cat="cuda_runtime")])
+    assert counts["launches"] == 1
+    assert counts["host_self_us"] == {"round": 8.0, "cudaLaunchKernel": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("base", "other", "expected"),
+    [
+        ({"a": 5.0, "b": 1.0}, {"a": 7.0, "b": 1.0, "c": 3.0}, [("c", 3.0), ("a", 2.0)]),
+        ({"a": 5.0}, {"a": 4.0}, []),  # shrank: not listed
+        (None, {"a": 1.0}, []),
+        ({"a": 1.0}, {}, []),
+    ],
+)
+def test_host_difference_lists_what_grew(base, other, expected):
+    assert step_cost.host_difference(base, other) == expected
