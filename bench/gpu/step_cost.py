@@ -63,20 +63,20 @@ def host_times(events: list[dict], top: int = 40) -> tuple[dict[str, float], dic
         spans.sort(key=lambda s: (s[0], -s[1]))
         stack: list[list] = []  # [end, name, children's time, duration]
 
-        def close(frame: list) -> None:
-            end, name, children, dur = frame
+        def close(stack: list[list]) -> None:
+            _, name, children, dur = stack.pop()
             own[name] = own.get(name, 0.0) + max(dur - children, 0.0)
             if all(f[1] != name for f in stack):
                 inclusive[name] = inclusive.get(name, 0.0) + dur
 
         for start, end, name in spans:
             while stack and stack[-1][0] <= start:
-                close(stack.pop())
+                close(stack)
             if stack:
                 stack[-1][2] += end - start
             stack.append([end, name, 0.0, end - start])
         while stack:
-            close(stack.pop())
+            close(stack)
 
     def largest(table: dict[str, float]) -> dict[str, float]:
         return dict(sorted(table.items(), key=lambda kv: -kv[1])[:top])
