@@ -237,3 +237,30 @@ def test_auto_backend_falls_back_to_torch_loudly(monkeypatch):
     assert tree_mod._TRITON_FAILURE
     with pytest.raises(Exception):  # noqa: B017 - whatever Triton raises for CPU tensors
         build_tree(logits, 8, backend="triton")
+
+
+def test_tree_into_fixed_storage(device, backend):
+    """``out`` (tree_buffers): the batch's trees land in its first rows and are returned as views of them, equal
+    to trees built without it; the rows past the batch are left alone; storage of another shape is refused."""
+    import dataclasses
+
+    from sglang_ddtree.tree import DraftTree, tree_buffers, tree_rows
+
+    logits = make_logits("random", 3, 5, 40, seed=7).to(device)
+    out = tree_buffers(6, 5, 10, device)
+    out.tokens.fill_(-7)
+    got = build_tree(logits, 10, backend=backend, out=out)
+    want = build_tree(logits, 10, backend=backend)
+    for f in dataclasses.fields(DraftTree):
+        g, w = getattr(got, f.name), getattr(want, f.name)
+        if isinstance(g, torch.Tensor):
+            assert torch.equal(g, w), f.name
+            assert g.data_ptr() == getattr(out, f.name).data_ptr(), f.name
+        else:
+            assert g == w
+    assert out.tokens[3:].eq(-7).all()
+    assert torch.equal(tree_rows(out, 3).parents, want.parents)
+    with pytest.raises(ValueError, match="budget 10 and depth 5; this batch needs 3 of budget 8"):
+        build_tree(logits, 8, backend=backend, out=out)
+    with pytest.raises(ValueError, match="out holds 2 trees"):
+        build_tree(logits, 10, backend=backend, out=tree_buffers(2, 5, 10, device))

@@ -54,6 +54,7 @@ CASES = [
     "tree/exact-zero",
     "tree/one-token-chain",
     "tree/bf16",
+    "tree/out-buffers",
     "from-topk",
     "walk/random",
     "walk/unfillable",

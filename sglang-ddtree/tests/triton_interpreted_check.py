@@ -18,7 +18,15 @@ from sglang_ddtree._triton_vocab import topk_logprobs
 from sglang_ddtree.sglang import _triton_attention, _triton_glue
 from sglang_ddtree.sglang.commit import commit_plan
 from sglang_ddtree.sglang.verify_input import build_verify_arrays, mask_numel
-from sglang_ddtree.tree import build_tree, build_tree_from_topk, chain_tree, exact_topk, log_softmax_f32
+from sglang_ddtree.tree import (
+    DraftTree,
+    build_tree,
+    build_tree_from_topk,
+    chain_tree,
+    exact_topk,
+    log_softmax_f32,
+    tree_buffers,
+)
 from sglang_ddtree.verify import greedy_walk
 
 torch.set_num_threads(1)
@@ -57,6 +65,31 @@ def tree_case(name, logits, budget):
         if not torch.equal(getattr(tree, field), getattr(torch_tree, field)):
             ok, detail = False, f"field {field} differs from the torch backend"
     report(f"tree/{name}", ok, detail)
+
+
+def tree_out_case(gen, device="cpu"):
+    """build_tree into fixed storage (the drafter-graph tree head, sglang/draft_head.py): the Triton kernels write
+    the first B rows in place, the result equals a tree built without it, and the rows past B are untouched."""
+    import dataclasses
+
+    logits = (torch.randn((3, 5, 300), generator=gen) * 3).to(device)
+    out = tree_buffers(5, 5, 12, device)
+    for f in dataclasses.fields(DraftTree):
+        t = getattr(out, f.name)
+        if isinstance(t, torch.Tensor):
+            t.fill_(True if t.dtype == torch.bool else -7)
+    got = build_tree(logits, 12, backend="triton", out=out)
+    want = build_tree(logits, 12, backend="triton")
+    ok, detail = True, ""
+    for f in dataclasses.fields(DraftTree):
+        g, w, whole = getattr(got, f.name), getattr(want, f.name), getattr(out, f.name)
+        if not isinstance(g, torch.Tensor):
+            continue
+        if not torch.equal(g, w) or g.data_ptr() != whole.data_ptr():
+            ok, detail = False, f"field {f.name} differs or is not in the buffer"
+        elif not bool((whole[3:] == (True if whole.dtype == torch.bool else -7)).all()):
+            ok, detail = False, f"field {f.name}: rows past the batch were written"
+    report("tree/out-buffers", ok, detail)
 
 
 def glue_cases(gen, device="cpu"):
@@ -264,6 +297,7 @@ def main():
     if "--glue-device" in sys.argv:
         device = sys.argv[sys.argv.index("--glue-device") + 1]
         glue_cases(torch.Generator().manual_seed(0), device)
+        tree_out_case(torch.Generator().manual_seed(3), device)
         warmup_cases(torch.Generator().manual_seed(2), device)
         attention_cases(torch.Generator().manual_seed(1), device)
         return 0
@@ -292,6 +326,7 @@ def main():
     tree_case("exact-zero", zeros, 6)
     tree_case("one-token-chain", torch.zeros((1, 4, 1)), 3)
     tree_case("bf16", (torch.randn((1, 3, 30), generator=gen) * 2).to(torch.bfloat16), 7)
+    tree_out_case(gen)
     lp = torch.log_softmax(torch.randint(0, 3, (2, 3, 9), generator=gen).float(), -1)
     lp[0, 0, 2] = -0.0
     ids = torch.arange(9).expand(2, 3, 9)

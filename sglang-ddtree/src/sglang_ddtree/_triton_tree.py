@@ -133,29 +133,43 @@ def _tree_kernel(
     tl.store(o_next + b * M1 + j, tl.where(nxt == big, -1, nxt).to(tl.int64), mask=j < M1)
 
 
+_FIELDS = ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores", "ranks",
+           "logprobs")
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int):
-    """Run the tree kernel; returns the DraftTree fields as a dict (see ``tree.DraftTree``)."""
+def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int, out=None):
+    """Run the tree kernel; returns the DraftTree fields as a dict (see ``tree.DraftTree``).
+
+    ``out``: a DraftTree of exactly these B rows (``tree.tree_rows`` of ``tree.tree_buffers``) whose tensors the
+    kernel writes instead of new ones."""
     bsz, depth, k = values.shape
     values = values.contiguous().float()
     tokens = tokens.contiguous().to(torch.int64)
     device = values.device
     n1 = budget + 1
-    out = {
-        "tokens": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-        "depths": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-        "parents": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-        "ancestors": torch.empty((bsz, n1, n1), dtype=torch.uint8, device=device),
-        "first_child": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-        "next_sibling": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-        "num_nodes": torch.empty((bsz,), dtype=torch.int64, device=device),
-        "scores": torch.empty((bsz, budget), dtype=torch.float64, device=device),
-        "ranks": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-        "logprobs": torch.empty((bsz, budget), dtype=torch.float32, device=device),
-    }
+    if out is not None:
+        given = {name: getattr(out, name) for name in _FIELDS}
+        given["ancestors"] = given["ancestors"].view(torch.uint8)
+        if any(not t.is_contiguous() or t.shape[0] != bsz for t in given.values()):
+            raise ValueError("out must hold exactly this batch's rows, contiguous (tree.tree_rows of tree_buffers)")
+        out = given
+    else:
+        out = {
+            "tokens": torch.empty((bsz, budget), dtype=torch.int64, device=device),
+            "depths": torch.empty((bsz, budget), dtype=torch.int64, device=device),
+            "parents": torch.empty((bsz, n1), dtype=torch.int64, device=device),
+            "ancestors": torch.empty((bsz, n1, n1), dtype=torch.uint8, device=device),
+            "first_child": torch.empty((bsz, n1), dtype=torch.int64, device=device),
+            "next_sibling": torch.empty((bsz, n1), dtype=torch.int64, device=device),
+            "num_nodes": torch.empty((bsz,), dtype=torch.int64, device=device),
+            "scores": torch.empty((bsz, budget), dtype=torch.float64, device=device),
+            "ranks": torch.empty((bsz, budget), dtype=torch.int64, device=device),
+            "logprobs": torch.empty((bsz, budget), dtype=torch.float32, device=device),
+        }
     # Bucketed sizes keep the number of compiled variants small (one per power of two of the budget).
     _tree_kernel[(bsz,)](
         values,

@@ -220,7 +220,8 @@ def _next_pow2(n: int) -> int:
 _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 
 
-def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, tile: int | None = None):
+def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, tile: int | None = None,
+                  normalizer_out: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Exact top-k log-probabilities of every row of ``logits`` [R, V] (see the module docstring).
 
     ``elements`` (default $SGLANG_DDTREE_TOPK_ELEMENTS or 2048) is the number of logits one scan program reads
@@ -228,7 +229,8 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, til
     tiles). Tuning knobs, not semantic ones. Logits must be finite or -inf. Two launches, no host sync.
 
     Returns (values float32 [R, k], ids int64 [R, k], row_max float32 [R], row_logsum float32 [R],
-    fallback int32 [R] (1 where the exact rescan ran)).
+    fallback int32 [R] (1 where the exact rescan ran)); ``normalizer_out``: contiguous float32 [R] tensors that
+    receive row_max and row_logsum (returned as they are).
     """
     if elements is None:
         elements = int(os.environ.get("SGLANG_DDTREE_TOPK_ELEMENTS", "2048"))
@@ -256,8 +258,13 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, til
     scratch = torch.empty((rows, cap), dtype=torch.int64, device=device)
     values = torch.empty((rows, k), dtype=torch.float32, device=device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=device)
-    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
-    row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
+    if normalizer_out is None:
+        row_max = torch.empty((rows,), dtype=torch.float32, device=device)
+        row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
+    else:
+        row_max, row_logsum = normalizer_out
+        if any(t.shape != (rows,) or t.dtype != torch.float32 or not t.is_contiguous() for t in normalizer_out):
+            raise ValueError(f"normalizer_out must be two contiguous float32 [{rows}] tensors")
     fallback = torch.empty((rows,), dtype=torch.int32, device=device)
     _vocab_scan[(rows, groups)](logits, logits.stride(0), vocab, tiles, groups, tmax, pm, ps, TILE=tile, TPP=tpp)
     _vocab_select[(rows,)](

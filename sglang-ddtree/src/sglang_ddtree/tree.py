@@ -38,7 +38,7 @@ the preorder index in the trie formed by the beams (computed from subtree sizes,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -52,6 +52,8 @@ __all__ = [
     "order_key_f32",
     "resolve_backend",
     "row_normalizer",
+    "tree_buffers",
+    "tree_rows",
 ]
 
 _LOW_MASK = (1 << 31) - 1
@@ -230,7 +232,52 @@ def _triton_available() -> bool:
     return True
 
 
-def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None = None) -> DraftTree:
+def tree_buffers(batch: int, depth: int, budget: int, device: torch.device | str) -> DraftTree:
+    """Uninitialised storage for the trees of up to ``batch`` requests (``build_tree``'s ``out``): fixed addresses,
+    so that a tree built inside a CUDA graph is read after every replay (``sglang/draft_head.py``)."""
+    n1 = budget + 1
+
+    def empty(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    return DraftTree(
+        tokens=empty(batch, budget), depths=empty(batch, budget), parents=empty(batch, n1),
+        ancestors=empty(batch, n1, n1, dtype=torch.bool), first_child=empty(batch, n1), next_sibling=empty(batch, n1),
+        num_nodes=empty(batch), scores=empty(batch, budget, dtype=torch.float64), ranks=empty(batch, budget),
+        logprobs=empty(batch, budget, dtype=torch.float32), max_depth=depth,
+        row_max=empty(batch, depth, dtype=torch.float32), row_logsum=empty(batch, depth, dtype=torch.float32),
+        top1_tokens=empty(batch, depth), top1_logprobs=empty(batch, depth, dtype=torch.float32),
+    )
+
+
+def tree_rows(tree: DraftTree, rows: int) -> DraftTree:
+    """The trees of the first ``rows`` requests (views, no copy)."""
+    return DraftTree(**{f.name: _rows(getattr(tree, f.name), rows) for f in fields(DraftTree)})
+
+
+def _rows(value, rows: int):
+    return value[:rows] if isinstance(value, torch.Tensor) else value
+
+
+def _check_out(out: DraftTree, bsz: int, depth: int, budget: int) -> None:
+    if out.tokens.shape[0] < bsz or out.budget != budget or out.max_depth != depth:
+        raise ValueError(f"out holds {out.tokens.shape[0]} trees of budget {out.budget} and depth {out.max_depth}; "
+                         f"this batch needs {bsz} of budget {budget} and depth {depth} (tree_buffers)")
+
+
+def _store(out: DraftTree, tree: DraftTree) -> DraftTree:
+    """``tree`` copied into the first rows of ``out`` (fields a kernel already wrote there are left as they are);
+    returns those rows."""
+    kept = tree_rows(out, tree.tokens.shape[0])
+    for f in fields(DraftTree):
+        src, dst = getattr(tree, f.name), getattr(kept, f.name)
+        if isinstance(src, torch.Tensor) and src.data_ptr() != dst.data_ptr():
+            dst.copy_(src)
+    return kept
+
+
+def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None = None,
+               out: DraftTree | None = None) -> DraftTree:
     """Build the exact DDTree draft trees of a batch from drafter logits.
 
     Args:
@@ -241,6 +288,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
         backend: "torch" (pure torch ops, any device), "triton" (fused kernels; CUDA, or CPU under
             TRITON_INTERPRET=1), or None/"auto" (Triton on CUDA when available). Both give the exact tree of
             the log-probabilities they report.
+        out: storage from :func:`tree_buffers` (at least B trees of this budget and depth): the tree is written
+            into its first B rows (the Triton kernels write there directly) and returned as views of them.
 
     Returns:
         DraftTree on the device of ``draft_logits``.
@@ -252,6 +301,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
         )
     budget = _check_budget(budget)
     bsz, depth, vocab = draft_logits.shape
+    if out is not None:
+        _check_out(out, bsz, depth, budget)
     k = min(budget, int(vocab))
     chosen, auto = _resolve(backend, draft_logits.device)
     if chosen == "triton":
@@ -259,17 +310,19 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
             from ._triton_tree import build_sorted
             from ._triton_vocab import topk_logprobs
 
-            values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k)
+            norm = None if out is None else (out.row_max[:bsz].view(-1), out.row_logsum[:bsz].view(-1))
+            values, indices, row_max, row_logsum, _ = topk_logprobs(draft_logits.reshape(bsz * depth, vocab), k,
+                                                                    normalizer_out=norm)
             values, indices = values.view(bsz, depth, k), indices.view(bsz, depth, k)
-            fields = build_sorted(values, indices, budget)
-            return DraftTree(
-                **fields,
+            tree = DraftTree(
+                **build_sorted(values, indices, budget, out=None if out is None else tree_rows(out, bsz)),
                 max_depth=depth,
                 row_max=row_max.view(bsz, depth),
                 row_logsum=row_logsum.view(bsz, depth),
                 top1_tokens=indices[..., 0],
                 top1_logprobs=values[..., 0],
             )
+            return tree if out is None else _store(out, tree)
         except Exception as exc:
             if not auto or _is_capturing():
                 raise
@@ -277,8 +330,9 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
     row_max, row_logsum = row_normalizer(draft_logits)
     values, indices = exact_topk(log_softmax_f32(draft_logits, (row_max, row_logsum)), k)
     tree = _build_sorted(values, indices, budget)
-    return replace(tree, row_max=row_max, row_logsum=row_logsum, top1_tokens=indices[..., 0],
+    tree = replace(tree, row_max=row_max, row_logsum=row_logsum, top1_tokens=indices[..., 0],
                    top1_logprobs=values[..., 0])
+    return tree if out is None else _store(out, tree)
 
 
 def build_tree_from_topk(

@@ -244,15 +244,115 @@ def test_mamba_commit_after_a_graph_replay_goes_through_the_replaying_runners_ba
 
 
 def test_greedy_head_is_intercepted_only_while_capturing_the_draft():
-    from sglang_ddtree.sglang.worker import _DraftCaptured
+    from sglang_ddtree.sglang.draft_head import DraftCaptured
 
     worker, _ = _worker()
     hidden = torch.randn(6, 16)
     worker._ddtree_capturing = True
-    with pytest.raises(_DraftCaptured) as captured:
+    with pytest.raises(DraftCaptured) as captured:
         worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=None)
     assert captured.value.hidden_states is hidden
-    assert worker._maybe_build_draft_sampler() is None
+
+
+def _head_worker(monkeypatch, max_bs=4, glue="triton", world=1):
+    """A worker whose tree may go into the drafter's graphs: Triton glue (pretended: on CPU build_tree falls back
+    to torch), TP 1, graphs up to ``max_bs``, the target's lm_head."""
+    worker, _ = _worker(block_size=5, budget=8)
+    worker._ddtree_glue = glue
+    worker._ddtree_tp_group = SimpleNamespace(world_size=world)
+    worker._ddtree_vocab_size = 40
+    worker.server_args = SimpleNamespace(cuda_graph_max_bs=max_bs)
+    worker.device = "cpu"
+    head = _lm_head(seed=4)
+    worker._target_worker.model_runner.model = SimpleNamespace(lm_head=head)
+    import sglang.srt.runtime_context as runtime_context
+
+    monkeypatch.setattr(runtime_context, "get_exec", lambda: (_ for _ in ()).throw(RuntimeError("no runtime")))
+    return worker, head
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"env": "0"}, "SGLANG_DDTREE_TREE_IN_GRAPH=0"),
+        ({"glue": "torch"}, "no Triton kernels"),
+        ({"world": 2}, "tensor parallel"),
+        ({"oracle": "/tmp/oracle.json"}, "test oracle"),
+        ({"max_bs": None}, "batch sizes are unknown"),
+    ],
+)
+def test_tree_stays_out_of_the_drafter_graph_where_it_cannot_go(monkeypatch, caplog, change, reason):
+    from sglang_ddtree.sglang import testing
+
+    worker, _ = _head_worker(monkeypatch, max_bs=change.get("max_bs", 4), glue=change.get("glue", "triton"),
+                             world=change.get("world", 1))
+    if "env" in change:
+        monkeypatch.setenv("SGLANG_DDTREE_TREE_IN_GRAPH", change["env"])
+    monkeypatch.setattr(testing, "ORACLE_FILE", change.get("oracle"))
+    with caplog.at_level("INFO", logger="sglang_ddtree.sglang.worker"):
+        assert worker._maybe_build_draft_sampler() is None
+    assert worker._ddtree_head is None
+    assert reason in caplog.text and "outside its CUDA graph" in caplog.text
+
+
+def test_tree_head_builds_the_eager_tree_into_fixed_rows(monkeypatch):
+    """What SGLang captures at the end of the drafter's graph (``make_draft_sampler_capture_hook`` calls the head
+    with the block's hidden states [B*S, H]): the tree of block positions 1..S-1, equal to the eager path's, in the
+    head's fixed rows; ``out`` (what DFLASH reads after a replay) is the argmax chain, except during a DDTREE round,
+    where reading it ends DFLASH's round; a graph wider than the rows is refused."""
+    from sglang_ddtree.sglang.draft_head import DraftCaptured
+
+    worker, lm_head = _head_worker(monkeypatch)
+    head = worker._maybe_build_draft_sampler()
+    assert head is worker._ddtree_head and head.max_bs == 4
+    bs, s, hidden_size = 3, worker.block_size, 16
+    block_hidden = torch.randn(bs * s, hidden_size, generator=torch.Generator().manual_seed(3))
+    head(block_hidden, torch.zeros(bs * s, dtype=torch.long))
+    positions_1_on = block_hidden.view(bs, s, -1)[:, 1:].reshape(-1, hidden_size)
+    want = worker._ddtree_tree_from_hidden(positions_1_on, bs, lm_head, None, 40)
+    got = head.tree(bs)
+    for name in ("tokens", "parents", "depths", "ancestors", "scores", "top1_tokens", "row_logsum"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.tokens.data_ptr() == head.buffers.tokens.data_ptr()
+    chain = head.out[: bs * (s - 1)].view(bs, s - 1)
+    assert torch.equal(chain, (positions_1_on @ lm_head.weight.t()).argmax(-1).view(bs, s - 1))
+    head.in_round = True
+    with pytest.raises(DraftCaptured) as captured:
+        head.out  # noqa: B018 - the read is the signal
+    assert captured.value.hidden_states is None
+    with pytest.raises(RuntimeError, match="batch 5 exceeds the tree head's 4 rows"):
+        head(torch.randn(5 * s, hidden_size))
+
+
+def test_round_stops_dflash_at_the_graph_head_and_verifies_its_tree(monkeypatch):
+    """After a drafter graph replay DFLASH reads its sampler's ``out``: in a DDTREE round that read ends DFLASH's
+    round and the round verifies the tree the head built inside the graph (no hidden states, no eager tree)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    worker, _ = _head_worker(monkeypatch)
+    worker._ddtree_auto = None
+    worker._draft_sampler = worker._maybe_build_draft_sampler()
+    block_hidden = torch.randn(2 * worker.block_size, 16)
+
+    def dflash_graph_round(self, batch, on_publish=None, grammar_barrier=None):  # DFLASH's draft, graph path
+        self._draft_sampler(block_hidden)  # the replayed graph's tail
+        self._draft_sampler.out[:8].view(2, 4)
+        raise AssertionError("DFLASH's round went on to verify its chain")
+
+    rounds = []
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_graph_round)
+    def stand_in_round(self, batch, hidden, on_publish, candidate=None, tree=None):
+        rounds.append((hidden, tree))
+
+    monkeypatch.setattr(type(worker), "_ddtree_round", stand_in_round)
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=False,
+                            seq_lens=torch.tensor([3, 4]))
+    worker.forward_batch_generation(batch)
+    (hidden, tree), = rounds
+    assert hidden is None and tree.tokens.shape == (2, 8)
+    assert tree.tokens.data_ptr() == worker._ddtree_head.buffers.tokens.data_ptr()
+    assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False
 
 
 def _stand_in_round(monkeypatch, worker, hidden_size=16, vocab=40):
@@ -375,6 +475,24 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
     # what /get_server_info reports (hooks.scheduler_internal_state_hook): the fixed budget, one tree round
     assert worker.ddtree_budget_state() == {"policy": "fixed", "candidates": ["8"], "steps": 1,
                                             "budget_histogram": {"8": 1}}
+
+
+def test_round_from_the_graph_heads_tree_commits_as_the_eager_round(monkeypatch):
+    """The same round when the drafter ran as a graph: the tree comes from the head's fixed rows (built from the
+    block's hidden states at capture), not from hidden states, and the round commits exactly that tree."""
+    worker, _ = _worker(block_size=5, budget=8)
+    r = _stand_in_round(monkeypatch, worker)
+    from sglang_ddtree.sglang.draft_head import TreeDraftHead
+
+    head = TreeDraftHead(lambda hidden, bs, out: worker._ddtree_tree_from_hidden(hidden, bs, r.head, None, 40, out=out),
+                         block_size=worker.block_size, budget=worker.ddtree_budget, max_bs=4, device="cpu")
+    block_hidden = torch.cat([torch.zeros(r.bs, 1, 16), r.draft_hidden.view(r.bs, worker.block_size - 1, 16)], 1)
+    head(block_hidden.reshape(-1, 16))
+    batch = r.new_batch()
+    result = worker._ddtree_round(batch, None, None, tree=head.tree(r.bs))
+    tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
+                      worker.ddtree_budget)
+    _assert_round_committed(worker, r, batch, result, tree)
 
 
 def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_graphs(monkeypatch):

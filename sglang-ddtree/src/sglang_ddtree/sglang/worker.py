@@ -4,9 +4,11 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
 
 1. Drafter pass — DFLASH's own code, unchanged: ``DFlashWorkerV2.forward_batch_generation`` prepares the block
    (root = last verified token + S-1 mask tokens), runs the drafter (CUDA graph when captured) and then asks
-   ``_greedy_sample_from_vocab_parallel_head`` for the argmax chain. DDTREE overrides that one call: it takes
-   the drafter's hidden states and stops DFLASH's round there (``_DraftCaptured``), so the drafter pass stays
-   DFLASH's on every supported SGLang version.
+   ``_greedy_sample_from_vocab_parallel_head`` for the argmax chain, or, when the drafter ran as a CUDA graph
+   with its draft head folded in, reads that head's ``out``. DDTREE takes both: its head (``draft_head.py``)
+   builds the tree inside the drafter's graphs, and the round ends DFLASH's at either point (``DraftCaptured``,
+   with the hidden states when the pass ran eagerly), so the drafter pass stays DFLASH's on every supported
+   SGLang version.
 2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
    With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
@@ -21,7 +23,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    hybrid linear-attention targets is committed at the last ACCEPTED node's index, and the drafter context is
    materialised from the accepted nodes' hidden states.
 
-On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches), ``_triton_glue.verify_prep`` (all
+On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
+TP = 1), ``_triton_glue.verify_prep`` (all
 verify arrays and the mask cells), the walk (one), ``_triton_glue.commit_plan`` (tokens, lengths, moves, rows)
 and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one), compiled at start-up for
 every width the server may verify (``warmup.py``, after the CUDA graphs). Everything that depends
@@ -47,6 +50,7 @@ from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, reso
 from ..verify import greedy_walk, sampling_walk
 from . import testing
 from .commit import commit_plan, tree_mamba_commit_indices
+from .draft_head import DraftCaptured, TreeDraftHead
 from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
 from .tp_topk import resolve_tp_group, sharded_candidates
 from .verify_input import build_verify_arrays, mask_numel
@@ -55,13 +59,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DDTreeWorker"]
 
-
-class _DraftCaptured(Exception):
-    """Ends DFLASH's round right after its drafter pass, carrying the drafter hidden states."""
-
-    def __init__(self, hidden_states: torch.Tensor):
-        super().__init__("ddtree draft captured")
-        self.hidden_states = hidden_states
+#: ``0``: build the draft tree after the drafter pass, outside its CUDA graph (A/B measurement, or a way out).
+TREE_IN_GRAPH_ENV = "SGLANG_DDTREE_TREE_IN_GRAPH"
 
 
 def lm_head_problem(lm_head: Any) -> str | None:
@@ -120,6 +119,7 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_auto: Any = None  # auto_budget.AutoBudget when SGLANG_DDTREE_BUDGET chooses the budget per step
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
     _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
+    _ddtree_head: TreeDraftHead | None = None  # the tree inside the drafter's CUDA graphs (draft_head.py)
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -300,13 +300,46 @@ class DDTreeWorker(DFlashWorkerV2):
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
 
     def _maybe_build_draft_sampler(self):
-        # The fused greedy head would return token ids only; the tree needs the drafter's full distribution.
-        return None
+        """DFLASH's draft-sampler slot, folded into the drafter's CUDA graphs: DDTREE's tree head (the tree built
+        inside those graphs, ``draft_head.py``), or None (the tree is built after the drafter pass)."""
+        reason, max_bs = self._ddtree_head_refusal()
+        if reason:
+            logger.info("DDTREE: draft tree built after the drafter pass, outside its CUDA graph (%s)", reason)
+            self._ddtree_head = None
+            return None
+        lm_head = self._ddtree_lm_head()
+        self._ddtree_head = TreeDraftHead(
+            lambda hidden, bs, out: self._ddtree_tree_from_hidden(hidden, bs, lm_head, None, self._ddtree_vocab_size,
+                                                                   out=out),
+            block_size=self.block_size, budget=self.ddtree_budget, max_bs=max_bs, device=self.device,
+        )
+        logger.info("DDTREE: draft tree built inside the drafter's CUDA graphs (up to batch %d)", max_bs)
+        return self._ddtree_head
+
+    def _ddtree_head_refusal(self) -> tuple[str | None, int]:
+        """(why the tree cannot be built inside the drafter's graphs, or None; the graphs' largest batch)."""
+        if os.environ.get(TREE_IN_GRAPH_ENV, "1") == "0":
+            return f"{TREE_IN_GRAPH_ENV}=0", 0
+        if self._ddtree_glue != "triton":
+            return "no Triton kernels on this device", 0
+        if int(getattr(self._ddtree_tp_group, "world_size", 1) or 1) > 1:
+            return "tensor parallel: the vocabulary-sharded top-k gathers across ranks after the pass", 0
+        if testing.ORACLE_FILE:
+            return "test oracle: forced draft logits per request", 0
+        try:
+            from sglang.srt.runtime_context import get_exec
+
+            max_bs = max(get_exec().graph.cuda_graph_config.decode.bs)
+        except Exception:
+            max_bs = getattr(self.server_args, "cuda_graph_max_bs", None)
+        if not max_bs:
+            return "the drafter graphs' batch sizes are unknown on this SGLang version", 0
+        return None, int(max_bs)
 
     # --- 1) drafter pass: DFLASH's, stopped at its greedy head ----------------------------------------------
     def _greedy_sample_from_vocab_parallel_head(self, *args: Any, **kwargs: Any):
         if self._ddtree_capturing:
-            raise _DraftCaptured(kwargs.get("hidden_states", args[0] if args else None))
+            raise DraftCaptured(kwargs.get("hidden_states", args[0] if args else None))
         return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
@@ -323,16 +356,23 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_select_width(self.block_size)
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         candidate = auto.begin_step(len(batch.seq_lens)) if auto is not None else None  # times the whole round
+        head = self._ddtree_head
         self._ddtree_capturing = True
+        if head is not None:
+            head.in_round = True
         try:
             super().forward_batch_generation(batch, on_publish=None, grammar_barrier=grammar_barrier)
-        except _DraftCaptured as captured:
+        except DraftCaptured as captured:
             draft_hidden = captured.hidden_states
-        else:  # pragma: no cover - DFLASH's round always reaches its greedy head when the sampler is off
+        else:  # pragma: no cover - DFLASH's round always reaches its draft head
             raise RuntimeError("DDTREE: DFLASH's round did not reach the drafter head")
         finally:
             self._ddtree_capturing = False
-        result = self._ddtree_round(batch, draft_hidden, on_publish, candidate)
+            if head is not None:
+                head.in_round = False
+        # No hidden states: the drafter ran as a CUDA graph and the tree head built the tree inside it.
+        tree = head.tree(len(batch.seq_lens)) if draft_hidden is None and head is not None else None
+        result = self._ddtree_round(batch, draft_hidden, on_publish, candidate, tree=tree)
         if auto is not None:
             auto.end_step()
         return result
@@ -355,10 +395,12 @@ class DDTreeWorker(DFlashWorkerV2):
         return getattr(target_model, "lm_head", None)
 
     def _ddtree_tree_from_hidden(self, draft_hidden: torch.Tensor, bs: int, lm_head: Any, tp_group: Any = None,
-                                 vocab_size: int | None = None, force: tuple | None = None):
+                                 vocab_size: int | None = None, force: tuple | None = None,
+                                 out: DraftTree | None = None):
         """Drafter hidden states [bs*(S-1), H] (block positions 1..S-1) -> DraftTree.
 
-        ``force``: test-only (``testing.forced_draft_logits``: oracle tokens and ranks), TP = 1 only."""
+        ``force``: test-only (``testing.forced_draft_logits``: oracle tokens and ranks), TP = 1 only. ``out``:
+        fixed storage the tree is written into (``tree.tree_buffers``; the tree head), TP = 1 only."""
         depth = self.block_size - 1
         flat_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t())  # [bs*depth, V']
         world = 1 if tp_group is None else int(getattr(tp_group, "world_size", 1))
@@ -368,7 +410,7 @@ class DDTreeWorker(DFlashWorkerV2):
             local_logits = flat_logits.view(bs, depth, -1)
             if force is not None:
                 local_logits = testing.forced_draft_logits(local_logits, *force)
-            return build_tree(local_logits, self.ddtree_budget)
+            return build_tree(local_logits, self.ddtree_budget, out=out)
         local_logits = flat_logits.view(bs, depth, -1)
         shard = getattr(lm_head, "shard_indices", None)
         vocab_start = int(shard.org_vocab_start_index) if shard is not None else 0
@@ -514,7 +556,10 @@ class DDTreeWorker(DFlashWorkerV2):
         return verified
 
     # --- the round -------------------------------------------------------------------------------------------
-    def _ddtree_round(self, batch, draft_hidden: torch.Tensor, on_publish, candidate: int | None = None):
+    def _ddtree_round(self, batch, draft_hidden: torch.Tensor | None, on_publish, candidate: int | None = None,
+                      tree: DraftTree | None = None):
+        """One DDTREE round after the drafter pass: ``tree`` (built inside the drafter's graph) or, when None, the
+        tree of the drafter's ``draft_hidden``; then verify, accept and commit (the module docstring's 2-4)."""
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
@@ -530,13 +575,14 @@ class DDTreeWorker(DFlashWorkerV2):
         block_positions = self._draft_block_positions_buf[:bs].reshape(-1)
         block_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
 
-        force = None
-        if testing.ORACLE_FILE:
-            force = testing.oracle_tokens(getattr(batch, "reqs", None), prefix_lens, root_tokens, block_size - 1)
-        tree = self._ddtree_tree_from_hidden(
-            draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), self._ddtree_tp_group,
-            self._ddtree_vocab_size, force,
-        )
+        if tree is None:
+            force = None
+            if testing.ORACLE_FILE:
+                force = testing.oracle_tokens(getattr(batch, "reqs", None), prefix_lens, root_tokens, block_size - 1)
+            tree = self._ddtree_tree_from_hidden(
+                draft_hidden.reshape(bs * (block_size - 1), -1), bs, self._ddtree_lm_head(), self._ddtree_tp_group,
+                self._ddtree_vocab_size, force,
+            )
         tree = self._ddtree_verified_tree(tree, candidate)
         m = tree.budget + 1
 
