@@ -127,6 +127,19 @@ def count_trace(events: list[dict]) -> dict:
             "kernel_us": dict(top), "host_self_us": host_self, "host_inclusive_us": host_inclusive}
 
 
+def parse_ab(items: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``LABEL:ENV=VALUE`` items -> [(label, {ENV: VALUE})], for the extra DDTREE engines of ``--ab``."""
+    variants = []
+    for item in items:
+        label, sep, assignment = item.partition(":")
+        name, eq, value = assignment.partition("=")
+        if not (sep and eq and label and name):
+            raise SystemExit(f"--ab {item!r}: write LABEL:ENV=VALUE, "
+                             "e.g. tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0")
+        variants.append((label, {name: value}))
+    return variants
+
+
 def host_difference(base: dict | None, other: dict | None, top: int = 15) -> list[tuple[str, float]]:
     """The ``top`` names whose host self time per step grows most from ``base`` to ``other`` (a name missing from
     one table counts 0 there), largest first."""
@@ -192,13 +205,21 @@ def main() -> int:
     ap.add_argument("--context-batches", default="", help="per-context batch sizes, e.g. 32768=1,8;8192=1,8,32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--algos", default="none,DFLASH,DDTREE")
+    ap.add_argument("--ab", action="append", default=[], metavar="LABEL:ENV=VALUE",
+                    help="also DDTREE with ENV=VALUE in its engine's environment (repeatable); row fields "
+                         "ddtree_<label>_ms / _gpu_busy_ms / _kernels_us / ... (label: - becomes _)")
     ap.add_argument("--ab-attention", action="store_true",
-                    help="also DDTREE with SGLang's own verify attention (SGLANG_DDTREE_VERIFY_ATTENTION=sglang): "
-                         "row fields ddtree_sglang_attention_ms / _gpu_busy_ms / _kernels_us")
+                    help="--ab sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang (SGLang's own verify attention)")
+    ap.add_argument("--ab-tree-in-graph", action="store_true",
+                    help="--ab tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0 (the draft tree built after the drafter "
+                         "pass, outside its CUDA graph: the before of draft_head.py)")
     ap.add_argument("--result", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     per_context = dict(item.split("=", 1) for item in args.context_batches.split(";") if item)
+    variants = parse_ab(args.ab + (["sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang"] if args.ab_attention
+                                   else [])
+                        + (["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0"] if args.ab_tree_in_graph else []))
     budgets = [int(b) for b in args.budgets.split(",")]
     algos = args.algos.split(",")
     runs, failed = {}, []
@@ -214,12 +235,14 @@ def main() -> int:
                 runs[(algo, budget, context)] = rec
             else:
                 failed.append(tag)
-            if algo == "DDTREE" and args.ab_attention:
-                extra[extra.index("--profile-dir") + 1] = str(args.work / f"trace-{tag}-sglang-attention")
-                rec = run_config(args.work / f"cost-{tag}-sglang-attention.json", args.models, algo, budget,
-                                 "speed,profile", extra, env_extra={"SGLANG_DDTREE_VERIFY_ATTENTION": "sglang"})
+            for label, env in variants if algo == "DDTREE" else ():
+                extra[extra.index("--profile-dir") + 1] = str(args.work / f"trace-{tag}-{label}")
+                rec = run_config(args.work / f"cost-{tag}-{label}.json", args.models, algo, budget, "speed,profile",
+                                 extra, env_extra=env)
                 if rec is not None:
-                    runs[("DDTREE-sglang-attention", budget, context)] = rec
+                    runs[(f"DDTREE-{label}", budget, context)] = rec
+                else:
+                    failed.append(f"{tag}-{label}")
     rows = []
 
     def by_batch(algo, budget, context, mode):
@@ -229,8 +252,9 @@ def main() -> int:
         for budget in budgets:
             for batch in sorted(by_batch("DDTREE", budget, context, "speed")):
                 row = {"target": args.label, "batch": batch, "budget": budget, "context": context}
-                for algo, b in (("none", 0), ("DFLASH", 0), ("DDTREE", budget), ("DDTREE-sglang-attention", budget)):
-                    if (algo, b, context) not in runs and algo == "DDTREE-sglang-attention":
+                for algo, b in (("none", 0), ("DFLASH", 0), ("DDTREE", budget),
+                                *((f"DDTREE-{label}", budget) for label, _ in variants)):
+                    if (algo, b, context) not in runs and algo.startswith("DDTREE-"):
                         continue
                     key = algo.lower().replace("-", "_")
                     row[f"{key}_ms"] = by_batch(algo, b, context, "speed").get(batch, {}).get("ms_per_step")
@@ -272,6 +296,13 @@ def main() -> int:
             f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} |"
         )
     for r in rows:
+        for label, _ in variants:
+            key = "ddtree_" + label.replace("-", "_")
+            ms = r.get(f"{key}_ms")
+            if ms:
+                ratio = f"{ms / r['dflash_ms']:.3f}" if r.get("dflash_ms") else "-"
+                print(f"DDTREE {label}: batch {r['batch']} context {r['context']}: {ms:.2f} ms ({ratio} of DFLASH), "
+                      f"launches {fmt(r.get(f'{key}_launches'), 1)}")
         extra = host_difference(r.get("dflash_host_self_us"), r.get("ddtree_host_self_us"))
         if extra:
             print(f"host self time DDTREE - DFLASH per step, batch {r['batch']}, context {r['context']} (us, under the "

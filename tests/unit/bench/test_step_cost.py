@@ -115,3 +115,11 @@ def test_count_trace_carries_the_host_tables():
 )
 def test_host_difference_lists_what_grew(base, other, expected):
     assert step_cost.host_difference(base, other) == expected
+
+
+def test_parse_ab_reads_label_and_environment():
+    assert step_cost.parse_ab(["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0", "x:A=b=c"]) == [
+        ("tree-after-pass", {"SGLANG_DDTREE_TREE_IN_GRAPH": "0"}), ("x", {"A": "b=c"})]
+    for bad in ("no-colon", "label:NOEQUALS", ":A=1", "l:=1"):
+        with pytest.raises(SystemExit, match="LABEL:ENV=VALUE"):
+            step_cost.parse_ab([bad])
