@@ -48,6 +48,8 @@ def run_engine(args, name: str, algo: str, budget: int, modes: str, env_extra: d
     if not out.exists() and stats and Path(stats).exists():
         Path(stats).unlink()  # a run cut short earlier left partial stats
     extra = ["--batches", BATCHES, "--samples", str(args.samples)]
+    if algo == "none" and not has_weights(args.models):
+        extra.append("--margins")  # the near-tie measure of a config-only target (divergence_margin)
     if args.prompts_file:
         extra += ["--prompts-file", str(args.prompts_file)]
     if run_config(out, args.models, algo, budget, modes, extra, env_extra) is None:
@@ -102,8 +104,36 @@ def summarize_stats(rounds: list[dict]) -> dict:
     }
 
 
+def has_weights(models: Path) -> bool:
+    """Whether the target's weights are on disk (bench/gpu/shapes.py's shapes are config only: SGLang fills them with
+    random values, which no other program can reproduce)."""
+    return any((models / "target").glob("*.safetensors")) or any((models / "target").glob("*.bin"))
+
+
+def divergence_margin(args, base: dict, batch: str, idx: int, pos: int, model_cache: dict) -> float:
+    """How close the baseline's choice at the first divergence was to a tie: the target's fp32 top-2 logit gap there
+    (transformers, from the weights on disk), or, for a config-only target, the gap between the two most likely
+    tokens that the no-speculation engine itself reported (``--margins``: its bf16 log-probabilities)."""
+    if not has_weights(args.models):
+        gaps = base.get(f"margins{batch.removeprefix('batch')}")
+        gap = gaps[idx][pos] if gaps and pos < len(gaps[idx]) else None
+        if gap is None:
+            raise SystemExit(f"no weights under {args.models}/target and no engine margin for prompt {idx} token {pos}")
+        return float(gap)
+    from sglang_ddtree_compare import fp32_margin
+
+    if "model" not in model_cache:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model_cache["model"] = AutoModelForCausalLM.from_pretrained(
+            args.models / "target", torch_dtype=torch.float32
+        ).to("cuda" if torch.cuda.is_available() else "cpu")
+    return fp32_margin(model_cache["model"], base["prompts"][idx], base[batch][idx][:pos])
+
+
 def equality(args, base: dict, cand: dict, batch: str, model_cache: dict) -> dict:
-    from sglang_ddtree_compare import first_divergence, fp32_margin
+    from sglang_ddtree_compare import first_divergence
 
     identical, ties, mismatches = 0, 0, []
     for idx, (ref, got) in enumerate(zip(base[batch], cand[batch], strict=True)):
@@ -111,18 +141,11 @@ def equality(args, base: dict, cand: dict, batch: str, model_cache: dict) -> dic
         if pos is None:
             identical += 1
             continue
-        if "model" not in model_cache:
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            model_cache["model"] = AutoModelForCausalLM.from_pretrained(
-                args.models / "target", torch_dtype=torch.float32
-            ).to("cuda" if torch.cuda.is_available() else "cpu")
-        margin = fp32_margin(model_cache["model"], base["prompts"][idx], ref[:pos])
+        margin = divergence_margin(args, base, batch, idx, pos, model_cache)
         if margin < args.tie_margin:
             ties += 1
         else:
-            mismatches.append({"prompt": idx, "token": pos, "fp32_margin": round(margin, 3)})
+            mismatches.append({"prompt": idx, "token": pos, "margin": round(margin, 3)})
     return {"identical": identical, "near_ties": ties, "mismatches": len(mismatches), "mismatch_detail": mismatches[:8]}
 
 
@@ -230,6 +253,8 @@ def main() -> int:
                     "budget": "auto" if name == "ddtree-auto" else budget,
                     "graph_mask_fix": fixed,
                     "prompts": len(base[key]),
+                    "near_tie_measure": "fp32 top-2 logit gap (transformers)" if has_weights(args.models)
+                    else "no-speculation engine's top-2 log-probability gap",
                     **eq,
                     **stats,
                 }

@@ -74,10 +74,22 @@ def engine_kwargs(models: Path, algo: str, budget: int, hybrid_radix_cache: bool
     return kwargs
 
 
-def generate(engine, batch: list[list[int]], new_tokens: int, sampling: dict | None = None) -> list[dict]:
+def generate(engine, batch: list[list[int]], new_tokens: int, sampling: dict | None = None,
+             top_logprobs: int = 0) -> list[dict]:
     params = {"temperature": 0.0, **(sampling or {}), "max_new_tokens": new_tokens, "ignore_eos": True}
-    out = engine.generate(input_ids=batch, sampling_params=params)
+    extra = {"return_logprob": True, "top_logprobs_num": top_logprobs} if top_logprobs else {}
+    out = engine.generate(input_ids=batch, sampling_params=params, **extra)
     return out if isinstance(out, list) else [out]
+
+
+def top2_margins(output: dict) -> list[float | None]:
+    """Per output token: the engine's own log-probability gap between its two most likely tokens (``meta_info``'s
+    ``output_top_logprobs``: per position a list of (logprob, token id, text) best first); None where missing."""
+    margins = []
+    for position in output.get("meta_info", {}).get("output_top_logprobs") or []:
+        best = [entry[0] for entry in (position or [])[:2] if entry and entry[0] is not None]
+        margins.append(round(best[0] - best[1], 4) if len(best) == 2 else None)
+    return margins
 
 
 def mark_phase(name: str) -> None:
@@ -91,18 +103,25 @@ def mark_phase(name: str) -> None:
 
 
 def run_equality(
-    engine, vocab: int, batches: list[int], sampling: dict | None = None, given: list[list[int]] | None = None
+    engine, vocab: int, batches: list[int], sampling: dict | None = None, given: list[list[int]] | None = None,
+    margins: bool = False,
 ) -> dict:
     """Greedy (or ``sampling``) outputs of 32 prompts x 64 tokens, ``batch`` requests at a time, per batch size
-    (``given``: these prompts instead, e.g. a trained pair's held-out ones)."""
+    (``given``: these prompts instead, e.g. a trained pair's held-out ones). ``margins``: also each output token's
+    top-2 log-probability gap (``margins<bs>``, ``top2_margins``), the near-tie measure of targets without weights
+    on disk (bench/gpu/lossless.py)."""
     ps = given or prompts(vocab, 32, 24)
     result = {"prompts": ps}
     for bs in batches:
         mark_phase(f"batch{bs}")
-        outs = []
+        outs, gaps = [], []
         for start in range(0, len(ps), bs):
-            outs += [o["output_ids"] for o in generate(engine, ps[start : start + bs], 64, sampling)]
+            for o in generate(engine, ps[start : start + bs], 64, sampling, top_logprobs=2 if margins else 0):
+                outs.append(o["output_ids"])
+                gaps.append(top2_margins(o))
         result[f"batch{bs}"] = outs
+        if margins:
+            result[f"margins{bs}"] = gaps
     return result
 
 
@@ -266,6 +285,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--mode", required=True, help="equality, speed, sampling, comma-separated")
     ap.add_argument("--batches", default="1,16", help="equality: batch sizes (requests at a time)")
+    ap.add_argument("--margins", action="store_true",
+                    help="equality: also every output token's top-2 log-probability gap (needs return_logprob: none)")
     ap.add_argument("--samples", type=int, default=4000, help="sampling: continuations of one prompt")
     ap.add_argument(
         "--prompts-file",
@@ -310,7 +331,8 @@ def main() -> int:
         body = {}
         ids = [p["ids"] for p in json.loads(args.prompts_file.read_text())] if args.prompts_file else None
         if "equality" in modes:
-            body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")], given=ids))
+            body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")], given=ids,
+                                     margins=args.margins))
         if "sampling" in modes:
             params = {"temperature": 1.0, "top_k": 20, "top_p": 0.9}
             body.update(run_sampling(engine, vocab, args.samples, params, prompt=ids[0] if ids else None))
