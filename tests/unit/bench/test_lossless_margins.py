@@ -46,7 +46,7 @@ def test_config_only_target_is_judged_by_the_engine_margin(tmp_path):
 
 def test_config_only_target_without_margins_stops_with_the_reason(tmp_path):
     args = SimpleNamespace(models=_config_only(tmp_path), tie_margin=1.0)
-    with pytest.raises(SystemExit, match="no weights under .* and no engine margin for prompt 0 token 1"):
+    with pytest.raises(SystemExit, match=r"no weights under .* and no engine margin for prompt 0 token 1"):
         lossless.equality(args, {"prompts": [[1]], "batch1": [[7, 8]]}, {"batch1": [[7, 9]]}, "batch1", {})
 
 
