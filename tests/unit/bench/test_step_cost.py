@@ -118,8 +118,8 @@ def test_host_difference_lists_what_grew(base, other, expected):
 
 
 def test_parse_ab_reads_label_and_environment():
-    assert step_cost.parse_ab(["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0", "x:A=b=c"]) == [
-        ("tree-after-pass", {"SGLANG_DDTREE_TREE_IN_GRAPH": "0"}), ("x", {"A": "b=c"})]
+    assert step_cost.parse_ab(["tree-in-graph:SGLANG_DDTREE_TREE_IN_GRAPH=1", "x:A=b=c"]) == [
+        ("tree-in-graph", {"SGLANG_DDTREE_TREE_IN_GRAPH": "1"}), ("x", {"A": "b=c"})]
     for bad in ("no-colon", "label:NOEQUALS", ":A=1", "l:=1"):
         with pytest.raises(SystemExit, match="LABEL:ENV=VALUE"):
             step_cost.parse_ab([bad])
