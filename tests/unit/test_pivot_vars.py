@@ -90,3 +90,18 @@ def test_a_value_the_switch_play_cannot_use_is_refused(tmp_path, extra, refusals
     for refusal in refusals:
         assert refusal in out, out[-3000:]
     assert "Nothing was changed." in out
+
+
+def test_rollback_names_a_bad_rollout_variable_before_any_host_is_touched(tmp_path):
+    """playbooks/rollback.yml reads pivot_switch_serial when its restore play starts: its first play checks the
+    rollout variables, so a bad value is named (variable, rule, value) and the restore play never starts."""
+    from local_playbook import one_line, run_local_playbook
+
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[inference]\nlocalhost ansible_connection=local\n")
+    proc = run_local_playbook(REPO / "playbooks" / "rollback.yml", tmp_path, "-i", str(inventory),
+                              "-e", "pivot_switch_serial=half")
+    out = one_line(proc.stdout + proc.stderr)
+    assert proc.returncode != 0
+    assert 'pivot_switch_serial must be a number of hosts >= 1 or a percentage from 1% to 100% (got "half")' in out
+    assert "Roll back the pivot on the inference hosts" not in out
