@@ -269,6 +269,10 @@ def main() -> int:
                 for algo, b in (("DFLASH", 0), ("DDTREE", budget)):
                     outputs = by_batch(algo, b, context, "speed").get(batch, {}).get("outputs")
                     row[f"{algo.lower()}_greedy_vs_none"] = greedy_identity(reference, outputs)
+                ddtree_outputs = by_batch("DDTREE", budget, context, "speed").get(batch, {}).get("outputs")
+                for label, _ in variants:  # an A/B switch of how, not what: the same tokens as DDTREE's
+                    outputs = by_batch(f"DDTREE-{label}", budget, context, "speed").get(batch, {}).get("outputs")
+                    row[f"ddtree_{label.replace('-', '_')}_greedy_vs_ddtree"] = greedy_identity(ddtree_outputs, outputs)
                 if row["dflash_ms"] and row["ddtree_ms"]:
                     row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
                 rows.append(row)
@@ -302,7 +306,8 @@ def main() -> int:
             if ms:
                 ratio = f"{ms / r['dflash_ms']:.3f}" if r.get("dflash_ms") else "-"
                 print(f"DDTREE {label}: batch {r['batch']} context {r['context']}: {ms:.2f} ms ({ratio} of DFLASH), "
-                      f"launches {fmt(r.get(f'{key}_launches'), 1)}")
+                      f"launches {fmt(r.get(f'{key}_launches'), 1)}, same tokens as DDTREE "
+                      f"{same(r.get(f'{key}_greedy_vs_ddtree'))}")
         extra = host_difference(r.get("dflash_host_self_us"), r.get("ddtree_host_self_us"))
         if extra:
             print(f"host self time DDTREE - DFLASH per step, batch {r['batch']}, context {r['context']} (us, under the "

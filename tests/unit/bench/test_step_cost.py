@@ -123,3 +123,35 @@ def test_parse_ab_reads_label_and_environment():
     for bad in ("no-colon", "label:NOEQUALS", ":A=1", "l:=1"):
         with pytest.raises(SystemExit, match="LABEL:ENV=VALUE"):
             step_cost.parse_ab([bad])
+
+
+def _record(ms: float, outputs: list[list[int]], launches: float) -> dict:
+    return {"sglang": "0.5.17", "gpu": "stand-in", "speed": [{"batch": 1, "ms_per_step": ms, "outputs": outputs}],
+            "profile": [{"batch": 1, "launches_per_step": launches, "syncs_per_step": 1.0,
+                         "gpu_busy_ms_per_step": 0.3, "kernel_us_per_step": {},
+                         "host_self_us_per_step": {"a": 1.0}, "host_inclusive_us_per_step": {}}]}
+
+
+def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch, capsys):
+    """main() over finished engine records (run_config skips a configuration whose JSON exists): an --ab engine's
+    row fields hold its time and launches beside DDTREE's, and whether its greedy tokens equal DDTREE's."""
+    import json
+
+    work = tmp_path / "work"
+    work.mkdir()
+    records = {
+        "cost-DFLASH-128.json": _record(2.0, [[1, 2, 3]], 40.0),
+        "cost-DDTREE16-128.json": _record(3.0, [[1, 2, 3]], 50.0),
+        "cost-DDTREE16-128-tree-in-graph.json": _record(2.5, [[1, 2, 9]], 45.0),
+    }
+    for name, rec in records.items():
+        (work / name).write_text(json.dumps(rec))
+    monkeypatch.setattr(sys, "argv", ["step_cost.py", "--models", str(tmp_path), "--work", str(work), "--label", "tiny",
+                                      "--contexts", "128", "--batches", "1", "--algos", "DFLASH,DDTREE",
+                                      "--ab-tree-in-graph"])
+    assert step_cost.main() == 0
+    (row,) = json.loads((work / "step-cost-tiny.json").read_text())["rows"]
+    assert (row["dflash_ms"], row["ddtree_ms"], row["ddtree_tree_in_graph_ms"]) == (2.0, 3.0, 2.5)
+    assert row["ddtree_tree_in_graph_launches"] == 45.0
+    assert row["ddtree_tree_in_graph_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
+    assert "DDTREE tree-in-graph: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in capsys.readouterr().out
