@@ -154,4 +154,5 @@ def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch,
     assert (row["dflash_ms"], row["ddtree_ms"], row["ddtree_tree_in_graph_ms"]) == (2.0, 3.0, 2.5)
     assert row["ddtree_tree_in_graph_launches"] == 45.0
     assert row["ddtree_tree_in_graph_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
-    assert "DDTREE tree-in-graph: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "DDTREE tree-in-graph: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in out
