@@ -389,6 +389,7 @@ def _stand_in_round(monkeypatch, worker, hidden_size=16, vocab=40):
 
     def stand_in_prepare(self, batch, target_worker, defer_metadata_init=False):
         seen["verify_input"] = self
+        seen["verify_lens"] = (batch.seq_lens_cpu.tolist(), batch.seq_lens_sum)
         return SimpleNamespace(), False
 
     def stand_in_target_forward(batch=None, forward_batch=None, is_verify=False, skip_attn_backend_init=None):
@@ -459,6 +460,9 @@ def _assert_round_committed(worker, r, batch, result, tree):
     assert vi.draft_token_num == m and vi.topk > 1
     assert torch.equal(vi.positions.view(bs, m), prefix[:, None] + tree.positions)
     assert batch.out_cache_loc.numel() == bs * m
+    # the verify saw the host lengths of prefix + every verified node; the batch's own are put back after it
+    assert r.seen["verify_lens"] == ((prefix + m).tolist(), int(prefix.sum()) + bs * m)
+    assert batch.seq_lens_cpu.tolist() == prefix.tolist() and batch.seq_lens_sum == int(prefix.sum())
 
 
 def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):

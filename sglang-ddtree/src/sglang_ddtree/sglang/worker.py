@@ -625,7 +625,7 @@ class DDTreeWorker(DFlashWorkerV2):
         backup = (batch.seq_lens_cpu, batch.seq_lens_sum)
         if seq_lens_cpu is not None:
             batch.seq_lens_cpu = seq_lens_cpu + m
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            batch.seq_lens_sum = prefix_sum_bound + bs * m  # the sum of seq_lens_cpu + m, without another reduction
         verify_forward_batch, _ = verify_input.prepare_for_verify(
             batch=batch, target_worker=self.target_worker, **(self._ddtree_prepare_kwargs or {})
         )
