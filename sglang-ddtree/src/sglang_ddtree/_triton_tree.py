@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._alloc import carve
+
 
 @triton.jit(do_not_specialize=["D", "K", "N"])
 def _tree_kernel(
@@ -158,18 +160,12 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int, out=No
             raise ValueError("out must hold exactly this batch's rows, contiguous (tree.tree_rows of tree_buffers)")
         out = given
     else:
-        out = {
-            "tokens": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-            "depths": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-            "parents": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-            "ancestors": torch.empty((bsz, n1, n1), dtype=torch.uint8, device=device),
-            "first_child": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-            "next_sibling": torch.empty((bsz, n1), dtype=torch.int64, device=device),
-            "num_nodes": torch.empty((bsz,), dtype=torch.int64, device=device),
-            "scores": torch.empty((bsz, budget), dtype=torch.float64, device=device),
-            "ranks": torch.empty((bsz, budget), dtype=torch.int64, device=device),
-            "logprobs": torch.empty((bsz, budget), dtype=torch.float32, device=device),
-        }
+        names = ("tokens", "depths", "parents", "first_child", "next_sibling", "num_nodes", "ranks")
+        shapes = [(bsz, budget), (bsz, budget), (bsz, n1), (bsz, n1), (bsz, n1), (bsz,), (bsz, budget)]
+        out = dict(zip(names, carve(shapes, torch.int64, device), strict=True))
+        out["ancestors"] = torch.empty((bsz, n1, n1), dtype=torch.uint8, device=device)
+        out["scores"] = torch.empty((bsz, budget), dtype=torch.float64, device=device)
+        out["logprobs"] = torch.empty((bsz, budget), dtype=torch.float32, device=device)
     # Bucketed sizes keep the number of compiled variants small (one per power of two of the budget).
     _tree_kernel[(bsz,)](
         values,

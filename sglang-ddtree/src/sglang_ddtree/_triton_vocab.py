@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._alloc import carve
+
 _INT64_MIN = -(2**63)
 _LOW = 2147483647  # 2**31 - 1
 
@@ -251,16 +253,13 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, til
     tiles = -(-vocab // tile)
     groups = -(-tiles // tpp)
     device = logits.device
-    tmax = torch.empty((rows, tiles), dtype=torch.float32, device=device)
-    pm = torch.empty((rows, groups), dtype=torch.float32, device=device)
-    ps = torch.empty((rows, groups), dtype=torch.float32, device=device)
+    own_normalizer = normalizer_out is None
+    floats = [(rows, tiles), (rows, groups), (rows, groups), (rows, k)] + [(rows,), (rows,)] * own_normalizer
+    tmax, pm, ps, values, *normalizer = carve(floats, torch.float32, device)
     cap = max(64, 4 * kp)
-    scratch = torch.empty((rows, cap), dtype=torch.int64, device=device)
-    values = torch.empty((rows, k), dtype=torch.float32, device=device)
-    ids = torch.empty((rows, k), dtype=torch.int64, device=device)
-    if normalizer_out is None:
-        row_max = torch.empty((rows,), dtype=torch.float32, device=device)
-        row_logsum = torch.empty((rows,), dtype=torch.float32, device=device)
+    scratch, ids = carve([(rows, cap), (rows, k)], torch.int64, device)
+    if own_normalizer:
+        row_max, row_logsum = normalizer
     else:
         row_max, row_logsum = normalizer_out
         if any(t.shape != (rows,) or t.dtype != torch.float32 or not t.is_contiguous() for t in normalizer_out):

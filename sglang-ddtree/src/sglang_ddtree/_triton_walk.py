@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._alloc import carve
+
 
 @triton.jit(do_not_specialize=["N1", "D"])
 def _walk_kernel(
@@ -53,9 +55,7 @@ def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target_tokens: torc
     """(accept_index [B, depth+1], accept_len [B], bonus [B]) as ``verify.greedy_walk`` defines them."""
     bsz, nodes = parents.shape
     device = parents.device
-    accept_index = torch.empty((bsz, depth + 1), dtype=torch.int64, device=device)
-    accept_len = torch.empty((bsz,), dtype=torch.int64, device=device)
-    bonus = torch.empty((bsz,), dtype=torch.int64, device=device)
+    accept_index, accept_len, bonus = carve([(bsz, depth + 1), (bsz,), (bsz,)], torch.int64, device)
     _walk_kernel[(bsz,)](
         parents.contiguous(),
         tokens.contiguous(),

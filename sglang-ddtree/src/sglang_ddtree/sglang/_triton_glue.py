@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._alloc import carve
+
 __all__ = ["commit_plan", "move_kv", "verify_prep"]
 
 
@@ -98,13 +100,10 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
     bsz, budget = tree.tokens.shape
     m = budget + 1
     device = tree.tokens.device
-    out = {
-        "tokens": torch.empty(bsz * m, dtype=torch.int64, device=device),
-        "positions": torch.empty(bsz * m, dtype=torch.int64, device=device),
-        "out_cache_loc": torch.empty(bsz * m, dtype=req_to_token.dtype, device=device),
-        "retrieve_index": torch.empty((bsz, m), dtype=torch.int64, device=device),
-        "slots": torch.empty((bsz, m), dtype=torch.int64, device=device),
-    }
+    wide = req_to_token.dtype == torch.int64  # out_cache_loc shares the int64 allocation
+    views = carve([(bsz * m,), (bsz * m,), (bsz, m), (bsz, m)] + ([(bsz * m,)] if wide else []), torch.int64, device)
+    out = dict(zip(("tokens", "positions", "retrieve_index", "slots"), views, strict=False))
+    out["out_cache_loc"] = views[4] if wide else torch.empty(bsz * m, dtype=req_to_token.dtype, device=device)
     custom_mask = None
     write_mask = mask_buffer is not None
     if write_mask:
@@ -200,15 +199,11 @@ def commit_plan(accept_index, accept_len, bonus, slots, out_cache_loc, tree_toke
     bsz, width = accept_index.shape
     m = slots.shape[1]
     device = accept_index.device
-    out = {
-        "out_tokens": torch.empty((bsz, width), dtype=torch.int64, device=device),
-        "commit_lens": torch.empty(bsz, dtype=torch.int32, device=device),
-        "new_seq_lens": torch.empty(bsz, dtype=prefix_lens.dtype, device=device),
-        "move_src": torch.empty((bsz, width), dtype=torch.int64, device=device),
-        "move_dst": torch.empty((bsz, width), dtype=torch.int64, device=device),
-        "hidden_rows": torch.empty(bsz * width, dtype=torch.int64, device=device),
-        "last_node": torch.empty(bsz, dtype=torch.int64, device=device),
-    }
+    names = ("out_tokens", "move_src", "move_dst", "hidden_rows", "last_node")
+    out = dict(zip(names, carve([(bsz, width), (bsz, width), (bsz, width), (bsz * width,), (bsz,)], torch.int64,
+                                device), strict=True))
+    out["commit_lens"] = torch.empty(bsz, dtype=torch.int32, device=device)
+    out["new_seq_lens"] = torch.empty(bsz, dtype=prefix_lens.dtype, device=device)
     _commit_plan_kernel[(bsz,)](
         accept_index.contiguous(),
         accept_len.contiguous(),
