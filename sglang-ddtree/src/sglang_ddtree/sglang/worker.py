@@ -7,9 +7,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    ``_greedy_sample_from_vocab_parallel_head`` for the argmax chain, or, when the drafter ran as a CUDA graph
    with its draft head folded in, reads that head's ``out``. DDTREE takes both: its head (``draft_head.py``,
    opt-in: ``TREE_IN_GRAPH_ENV``) builds the tree inside the drafter's graphs, and the round ends DFLASH's at
-   either point (``DraftCaptured``,
-   with the hidden states when the pass ran eagerly), so the drafter pass stays DFLASH's on every supported
-   SGLang version.
+   either point (``DraftCaptured``, with the hidden states when the pass ran eagerly), so the drafter pass stays
+   DFLASH's on every supported SGLang version.
 2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
    With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
@@ -25,10 +24,10 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    materialised from the accepted nodes' hidden states.
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
-TP = 1 when opted in), ``_triton_glue.verify_prep`` (all
-verify arrays and the mask cells), the walk (one), ``_triton_glue.commit_plan`` (tokens, lengths, moves, rows)
-and ``_triton_glue.move_kv`` (the moves of every layer, only for requests that need one), compiled at start-up for
-every width the server may verify (``warmup.py``, after the CUDA graphs). Everything that depends
+TP = 1 when opted in), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), the walk (one),
+``_triton_glue.commit_plan`` (tokens, lengths, moves, rows) and ``_triton_glue.move_kv`` (the moves of every layer,
+only for requests that need one), compiled at start-up for every width the server may verify (``warmup.py``, after
+the CUDA graphs); outputs of one dtype share one allocation (``_alloc.carve``). Everything that depends
 only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
 tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
 Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
