@@ -43,7 +43,7 @@ SYNC_NAMES = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 HOST_CATEGORIES = {"python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation"}
 
 
-def host_times(events: list[dict], top: int = 40) -> tuple[dict[str, float], dict[str, float]]:
+def host_times(events: list[dict], top: int = 100) -> tuple[dict[str, float], dict[str, float]]:
     """(self, inclusive) host microseconds by event name, the ``top`` largest of each: where the host's time goes.
 
     Host events (``HOST_CATEGORIES``: Python frames when the profiler records stacks, torch ops, CUDA runtime
