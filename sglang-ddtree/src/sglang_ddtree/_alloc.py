@@ -17,7 +17,7 @@ ALIGN_BYTES = 16
 def carve(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device | str) -> list[torch.Tensor]:
     """Uninitialised contiguous tensors of ``shapes`` (one dtype) carved from a single allocation, each starting
     on a 16-byte boundary."""
-    step = max(1, ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+    step = max(1, ALIGN_BYTES // dtype.itemsize)
     sizes = [math.prod(shape) for shape in shapes]
     starts, total = [], 0
     for size in sizes:
