@@ -318,6 +318,7 @@ def test_tree_head_builds_the_eager_tree_into_fixed_rows(monkeypatch):
     for name in ("tokens", "parents", "depths", "ancestors", "scores", "top1_tokens", "row_logsum"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     assert got.tokens.data_ptr() == head.buffers.tokens.data_ptr()
+    assert head.tree(bs) is got and head.tree(2).tokens.shape == (2, 8)  # views made once per batch size
     chain = head.out[: bs * (s - 1)].view(bs, s - 1)
     assert torch.equal(chain, (positions_1_on @ lm_head.weight.t()).argmax(-1).view(bs, s - 1))
     head.in_round = True

@@ -47,6 +47,7 @@ class TreeDraftHead:
         self.buffers = tree_buffers(self.max_bs, self.block_size - 1, int(budget), device)
         self.in_round = False  # set by the worker while a DDTREE round runs DFLASH's drafter pass
         self._build = build
+        self._views: dict[int, DraftTree] = {}  # tree(bs): the fixed rows' views, made once per batch size
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """At capture (and its warm-up runs): hidden_states [B*S, H] of the drafter's block (S = block size)."""
@@ -66,5 +67,9 @@ class TreeDraftHead:
         return self.buffers.top1_tokens.view(-1)
 
     def tree(self, bs: int) -> DraftTree:
-        """The trees of the last replay's first ``bs`` requests (valid until the next drafter pass)."""
-        return tree_rows(self.buffers, bs)
+        """The trees of the last replay's first ``bs`` requests (valid until the next drafter pass). The views of
+        fixed storage do not change, so each batch size's are made once, not on every step."""
+        views = self._views.get(bs)
+        if views is None:
+            views = self._views[bs] = tree_rows(self.buffers, bs)
+        return views
