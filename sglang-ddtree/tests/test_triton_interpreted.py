@@ -61,6 +61,7 @@ CASES = [
     "walk/chain",
     "glue/verify-prep",
     "glue/commit-plan",
+    "glue/walk-commit",
     "glue/move-kv",
     "warmup/widths",
     "warmup/tp",

@@ -133,6 +133,7 @@ def glue_cases(gen, device="cpu"):
                     ok_plan, detail = False, f"commit_plan field {f} differs"
     report("glue/verify-prep", ok_prep, detail)
     report("glue/commit-plan", ok_plan, detail)
+    walk_commit_case(gen, device)
 
     kv = [torch.randn(100, 2, 24, generator=gen).to(device) for _ in range(3)]  # 96-byte rows: a partial tile of 64
     ptrs = torch.tensor([t.data_ptr() for t in kv], dtype=torch.uint64, device=device)
@@ -145,6 +146,56 @@ def glue_cases(gen, device="cpu"):
         e[torch.tensor([4, 5, 6, 30], device=device)] = e[torch.tensor([5, 6, 7, 40], device=device)].clone()
     _triton_glue.move_kv(src, dst, ptrs, strides, tile=64)
     report("glue/move-kv", all(torch.equal(a, b) for a, b in zip(kv, expect, strict=True)))
+
+
+def walk_commit_case(gen, device="cpu"):
+    """``walk_commit`` (walk + plan + KV moves in one launch) against ``greedy_walk`` and ``commit_plan_torch`` and
+    the plan's moves applied by gather-then-scatter, with and without the move table; trees smaller and larger than
+    the drafter block, paths on and off the argmax chain."""
+    ok, detail = True, ""
+    for bsz, depth, vocab, budget in [(3, 7, 50, 8), (2, 15, 60, 16), (4, 7, 3, 20), (1, 7, 50, 4), (5, 5, 30, 31)]:
+        tree = build_tree((torch.randn(bsz, depth, vocab, generator=gen) * 3).to(device), budget, backend="torch")
+        m = budget + 1
+        prefix = torch.randint(0, 20, (bsz,), generator=gen).to(device)
+        roots = torch.randint(0, vocab, (bsz,), generator=gen).to(device)
+        r2t = torch.randperm(40 * 64, generator=gen).view(40, 64).to(torch.int32).to(device)
+        rows = torch.randperm(40, generator=gen)[:bsz].to(device)
+        arrays = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, None, "torch")
+        for trial in range(3):
+            target = torch.randint(0, vocab, (bsz, m), generator=gen).to(device)
+            for b in range(bsz):  # follow a random existing path, or (trial 0, request 0) none at all
+                valid = int(tree.num_nodes[b])
+                node = int(torch.randint(1, valid, (), generator=gen)) if valid > 1 and (trial, b) != (0, 0) else 0
+                while node > 0:
+                    parent = int(tree.parents[b, node])
+                    target[b, parent] = tree.tokens[b, node - 1]
+                    node = parent
+            index, length, bonus = greedy_walk(tree, target, backend="torch")
+            want = commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens, prefix, "torch")
+            kv = [torch.randn(40 * 64, 2, 12, generator=gen).to(device) for _ in range(2)]  # 96-byte rows
+            before = [t.clone() for t in kv]
+            expect = [t.clone() for t in kv]
+            moving = want.move_src >= 0
+            for e in expect:
+                e[want.move_dst[moving]] = e[want.move_src[moving]].clone()
+            ptrs = torch.tensor([t.data_ptr() for t in kv], dtype=torch.uint64, device=device)
+            strides = torch.tensor([t[0].numel() * t.element_size() for t in kv], dtype=torch.int64, device=device)
+            for table in (None, (ptrs, strides)):
+                got = _triton_glue.walk_commit(tree.parents, tree.tokens, target, tree.max_depth, arrays.slots,
+                                               arrays.out_cache_loc, prefix, table, tile=64)
+                for name, a, b in zip(("accept_index", "accept_len", "bonus"), (index, length, bonus), got[:3],
+                                      strict=True):
+                    if not torch.equal(a.to(torch.int64), b):
+                        ok, detail = False, f"{name} differs ({bsz}, {depth}, {budget})"
+                for f in want.__dataclass_fields__:
+                    a, b = getattr(want, f), got[3][f]
+                    if a.dtype != b.dtype or not torch.equal(a, b):
+                        ok, detail = False, f"plan field {f} differs ({bsz}, {depth}, {budget})"
+                if table is None and not all(torch.equal(a, b) for a, b in zip(kv, before, strict=True)):
+                    ok, detail = False, "KV moved without a move table"
+            if not all(torch.equal(a, b) for a, b in zip(kv, expect, strict=True)):
+                ok, detail = False, f"KV moves differ ({bsz}, {depth}, {budget})"
+    report("glue/walk-commit", ok, detail)
 
 
 def _compiled_variants(kernels):
@@ -181,11 +232,15 @@ def warmup_cases(gen, device="cpu"):
         "scan": _triton_vocab._vocab_scan, "select": _triton_vocab._vocab_select, "tree": _triton_tree._tree_kernel,
         "walk": _triton_walk._walk_kernel, "prep": _triton_glue._verify_prep_kernel,
         "plan": _triton_glue._commit_plan_kernel, "move": _triton_glue._move_kv_kernel,
+        "walk_commit": _triton_glue._walk_commit_kernel,
     }
     warm_round_kernels(candidates=[CHAIN, 4, 8, 16], logits_dtype=torch.bfloat16, **common)
     before = _compiled_variants(kernels)
     if dev.type != "cuda" or before is None:
         return
+    pool = torch.zeros((40 * 512, 16), dtype=torch.uint8, device=dev)  # every location of the rounds below
+    pool_ptrs = torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=dev)
+    pool_strides = torch.tensor([16], dtype=torch.int64, device=dev)
     for bsz in (1, 7, 40):
         wide = torch.randn(bsz * 7, 64, generator=gen).to(device=dev, dtype=torch.bfloat16)
         tree = build_tree(wide[:, :50].view(bsz, 7, 50), 16, backend="triton")
@@ -198,8 +253,11 @@ def warmup_cases(gen, device="cpu"):
             total = mask_numel(int(prefix.sum()), bsz, m)
             arrays = build_verify_arrays(verified, roots, prefix, int(prefix.sum()), r2t, rows,
                                          torch.zeros(total, dtype=torch.uint8, device=dev), "triton")
-            index, length, bonus = greedy_walk(verified, torch.randint(0, 50, (bsz, m), device=dev), backend="triton")
+            target = torch.randint(0, 50, (bsz, m), device=dev)
+            index, length, bonus = greedy_walk(verified, target, backend="triton")
             commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix, "triton")
+            _triton_glue.walk_commit(verified.parents, verified.tokens, target, verified.max_depth, arrays.slots,
+                                     arrays.out_cache_loc, prefix, (pool_ptrs, pool_strides))
     after = _compiled_variants(kernels)
     report("warmup/covers-later-rounds", after == before, f"variants before {before}, after {after}")
 

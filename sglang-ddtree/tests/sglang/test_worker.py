@@ -155,7 +155,8 @@ def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
     m = worker.ddtree_num_nodes
     ref = greedy_walk(tree, target)
     got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), None)
-    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    assert got[3:] == (None, False)  # torch glue: the caller plans the commit and moves the KV
+    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
     assert int(ref[1].max()) > 0
     sampling = StandInSamplingInfo(
         bs,
@@ -165,7 +166,7 @@ def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
         top_ps=torch.ones(bs),
     )
     sampled = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), sampling)
-    assert all(torch.equal(x, y) for x, y in zip(sampled, ref, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(sampled[:3], ref, strict=True))
 
 
 class StandInSamplingInfo(SimpleNamespace):
@@ -195,7 +196,7 @@ def test_accept_applies_sglangs_verify_adjustments_to_every_node():
     ref = greedy_walk(tree, adjusted.view(bs, m, vocab).argmax(-1))
     info = StandInSamplingInfo(bs, logit_bias=bias)
     got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab).clone(), info)
-    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
     assert not torch.equal(got[0][b], unbiased[0][b])  # the banned token is no longer accepted
     others = [i for i in range(bs) if i != b]
     assert torch.equal(got[0][others], unbiased[0][others])  # other requests unaffected
@@ -486,6 +487,71 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
                                             "budget_histogram": {"8": 1}}
 
 
+def _stand_in_walk_commit(calls):
+    """``_triton_glue.walk_commit`` on CPU: the core walk and ``commit_plan_torch``, and the plan's moves applied to
+    the StandInKVPool passed as the move table (the kernel's own logic is checked in Triton's interpreter:
+    tests/triton_interpreted_check.py, glue/walk-commit)."""
+    from sglang_ddtree.sglang.commit import commit_plan_torch
+
+    def walk_commit(parents, tokens, target, depth, slots, out_cache_loc, prefix, table=None):
+        calls.append(table)
+        bsz, m = parents.shape
+        index = torch.full((bsz, depth + 1), -1, dtype=torch.int64)
+        length, bonus = torch.zeros(bsz, dtype=torch.int64), torch.zeros(bsz, dtype=torch.int64)
+        for b in range(bsz):  # the walk, spelled out: the child whose token is the target's token at the node
+            path = [0]
+            while len(path) <= depth:
+                kids = [i for i in range(1, m) if parents[b, i] == path[-1] and tokens[b, i - 1] == target[b, path[-1]]]
+                if not kids:
+                    break
+                path.append(kids[0])
+            index[b, : len(path)] = torch.tensor(path)
+            length[b], bonus[b] = len(path) - 1, target[b, path[-1]]
+        plan = commit_plan_torch(index, length, bonus, slots, out_cache_loc, tokens, prefix)
+        if table is not None:
+            table.move_kv_cache(plan.move_dst.clamp(min=0).reshape(-1), plan.move_src.clamp(min=0).reshape(-1))
+        return index, length, bonus, vars(plan).copy()
+
+    return walk_commit
+
+
+def test_greedy_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(monkeypatch):
+    """On the Triton glue a greedy round takes the fused path: one ``walk_commit`` call with the pool's move table
+    gives the walk, the plan and the KV moves (the round then moves nothing itself); without a table the round
+    moves the KV through the pool. Either way it commits exactly the eager torch round's result."""
+    from sglang_ddtree.sglang import _triton_glue
+
+    for table_given in (True, False):
+        worker, _ = _worker(block_size=5, budget=8)
+        r = _stand_in_round(monkeypatch, worker)
+        calls = []
+        monkeypatch.setattr(_triton_glue, "walk_commit", _stand_in_walk_commit(calls))
+        torch_inputs = worker._ddtree_verify_inputs
+
+        def verify_inputs_on_torch(*args):  # the verify arrays from the torch glue (no Triton on the CPU)
+            worker._ddtree_glue = "torch"
+            try:
+                return torch_inputs(*args)
+            finally:
+                worker._ddtree_glue = "triton"
+
+        worker._ddtree_verify_inputs = verify_inputs_on_torch
+        worker._ddtree_glue = "triton"
+        worker._ddtree_move_table = r.pool if table_given else None  # the stand-in pool plays the buffer table
+        worker._ddtree_move_table_resolved = True
+        own_moves = []
+        real_commit = worker._ddtree_commit_kv
+        worker._ddtree_commit_kv = lambda pool, plan: (own_moves.append(plan), real_commit(pool, plan))
+        worker._ddtree_fused_move_table = lambda pool: worker._ddtree_move_table
+        batch = r.new_batch()
+        result = worker._ddtree_round(batch, r.draft_hidden, None)
+        tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
+                          worker.ddtree_budget)
+        _assert_round_committed(worker, r, batch, result, tree)
+        assert calls == [r.pool if table_given else None]
+        assert len(own_moves) == (0 if table_given else 1)
+
+
 def test_round_from_the_graph_heads_tree_commits_as_the_eager_round(monkeypatch):
     """The same round when the drafter ran as a graph: the tree comes from the head's fixed rows (built from the
     block's hidden states at capture), not from hidden states, and the round commits exactly that tree."""
@@ -585,9 +651,9 @@ def test_seeded_sampling_draws_every_node_as_sglangs_sampler_and_walks_those_tok
         torch.tensor([7, 8, 9]).repeat_interleave(m), arrays.positions,
     ).view(bs, m).to(torch.int64)
     ref = greedy_walk(tree, expected)
-    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
     again = worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
-    assert all(torch.equal(x, y) for x, y in zip(again, got, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(again[:3], got[:3], strict=True))
     others = [worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(s))[2] for s in range(20)]
     assert len({tuple(o.tolist()) for o in others}) > 1  # the seed matters
 

@@ -9,6 +9,10 @@
   base pointer and one row size in bytes per buffer), one program per (request, buffer); a request with nothing
   to move (its path followed the chain) returns at once. Sources are loaded before any destination is stored
   (a barrier between the two), so moves of one request may read slots that others write.
+* ``walk_commit``: the greedy walk, the commit plan and the KV moves in ONE launch (the greedy round's usual path):
+  program (b, buf) walks request b's tree (cheap: at most depth steps over budget + 1 nodes), then moves buffer
+  buf's slots; program (b, 0) also stores the walk's and the plan's outputs. References: ``verify.greedy_walk``,
+  ``commit.commit_plan_torch``, ``move_kv``.
 
 Tested against the references in Triton's CPU interpreter (tests/triton_interpreted_check.py) and on CUDA.
 """
@@ -21,7 +25,7 @@ import triton.language as tl
 
 from .._alloc import carve
 
-__all__ = ["commit_plan", "move_kv", "verify_prep"]
+__all__ = ["commit_plan", "move_kv", "verify_prep", "walk_commit"]
 
 
 def _next_pow2(n: int) -> int:
@@ -272,3 +276,132 @@ def move_kv(move_src: torch.Tensor, move_dst: torch.Tensor, data_ptrs: torch.Ten
         WB=max(16, _next_pow2(width)),
         num_warps=4,
     )
+
+
+@triton.jit(do_not_specialize=["M", "D"])
+def _walk_commit_kernel(
+    par_ptr,  # i64 [B, M] parents (root: -1)
+    tok_ptr,  # i64 [B, M - 1] draft tokens (node i + 1 in column i)
+    tgt_ptr,  # i64 [B, M] the target's token at each node
+    slot_ptr,  # i64 [B, M]
+    loc_ptr,  # int [B*M]
+    prefix_ptr,  # int [B]
+    M,
+    D,  # depth limit; the path and the plan are D + 1 wide
+    o_index,  # i64 [B, D + 1]
+    o_len,  # i64 [B]
+    o_bonus,  # i64 [B]
+    o_out,  # i64 [B, D + 1]
+    o_commit,  # i32 [B]
+    o_new,  # prefix dtype [B]
+    o_src,  # i64 [B, D + 1]
+    o_dst,  # i64 [B, D + 1]
+    o_rows,  # i64 [B*(D + 1)]
+    o_last,  # i64 [B]
+    ptrs,  # u64 [NBUF] (MOVE)
+    strides,  # i64 [NBUF] (MOVE)
+    MOVE: tl.constexpr,
+    TILE: tl.constexpr,
+    NB: tl.constexpr,
+    DB: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    buf = tl.program_id(1)
+    w = D + 1
+    i = tl.arange(0, NB)
+    inside = i < M
+    par = tl.load(par_ptr + b * M + i, mask=inside, other=-2)
+    tok = tl.load(tok_ptr + b * (M - 1) + i - 1, mask=inside & (i >= 1), other=-1)
+    tgt = tl.load(tgt_ptr + b * M + i, mask=inside, other=-1)
+    # the walk (verify.greedy_walk): from the root, the child whose token is the target's token at the current node
+    big = 1 << 30
+    k = tl.arange(0, DB)
+    path = tl.where(k == 0, 0, -1).to(tl.int64)
+    cur = tl.min(tl.where(i == 0, i, big), axis=0)  # 0, as a tensor
+    length = cur
+    alive = cur == 0
+    for _ in range(D):
+        want = tl.sum(tl.where(i == cur, tgt, 0), axis=0)
+        hit = (par == cur) & (tok == want) & inside & (i >= 1)
+        nxt = tl.min(tl.where(hit, i, big), axis=0)
+        alive = alive & (nxt < big)
+        length = length + alive.to(tl.int32)
+        path = tl.where((k == length) & alive, nxt.to(tl.int64), path)
+        cur = tl.where(alive, nxt, cur)
+    # the plan (commit.commit_plan_torch): the KV of path entry k moves to the slot verified at offset k
+    kin = k < w
+    node = tl.where(path >= 0, path, 0)
+    live = kin & (k <= length)
+    slot = tl.load(slot_ptr + b * M + i, mask=inside, other=-1)
+    loc = tl.load(loc_ptr + b * M + i, mask=inside, other=0).to(tl.int64)
+    on_path = i[None, :] == node[:, None]
+    src = tl.sum(tl.where(on_path, loc[None, :], 0), axis=1)
+    dst = tl.sum(tl.where(slot[None, :] == k[:, None], loc[None, :], 0), axis=1)
+    move = live & (src != dst)
+    if buf == 0:
+        length64 = length.to(tl.int64)
+        tl.store(o_index + b * w + k, path, mask=kin)
+        tl.store(o_len + b, length64)
+        tl.store(o_bonus + b, tl.sum(tl.where(i == cur, tgt, 0), axis=0).to(tl.int64))
+        # emitted token k: the target's token at path node k (the next accepted draft, then the bonus)
+        out = tl.sum(tl.where(on_path, tgt[None, :], 0), axis=1)
+        tl.store(o_out + b * w + k, tl.where(live, out, 0), mask=kin)
+        tl.store(o_src + b * w + k, tl.where(move, src, -1), mask=kin)
+        tl.store(o_dst + b * w + k, tl.where(move, dst, -1), mask=kin)
+        tl.store(o_rows + b * w + k, b * M + tl.where(live, node, tl.minimum(k, M - 1)), mask=kin)
+        tl.store(o_last + b, tl.sum(tl.where(kin & (k == length), node, 0), axis=0))
+        tl.store(o_commit + b, (length + 1).to(tl.int32))
+        prefix = tl.load(prefix_ptr + b)
+        tl.store(o_new + b, prefix + (length + 1).to(prefix.dtype))
+    if MOVE:
+        if tl.sum(move.to(tl.int32), axis=0) > 0:
+            stride = tl.load(strides + buf).to(tl.int64)
+            base = tl.cast(tl.load(ptrs + buf), tl.pointer_type(tl.uint8))
+            for start in range(0, stride, TILE):
+                o = start + tl.arange(0, TILE)
+                sel = move[:, None] & (o[None, :] < stride)
+                vals = tl.load(base + src[:, None] * stride + o[None, :], mask=sel)
+                tl.debug_barrier()  # every source of this tile read before any destination is written
+                tl.store(base + dst[:, None] * stride + o[None, :], vals, mask=sel)
+
+
+def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, prefix_lens, move_table=None,
+                tile: int = 512):
+    """(accept_index, accept_len, bonus, plan) of a greedy round in one launch: ``verify.greedy_walk``'s outputs
+    and ``commit_plan``'s fields (dict); with ``move_table`` (``move_kv``'s ``(data_ptrs, data_strides)``) the
+    plan's KV moves are applied too, in place.
+
+    parents int64 [B, M], tokens int64 [B, M-1], target_tokens int64 [B, M], slots int64 [B, M], out_cache_loc
+    [B*M], prefix_lens [B]; the path and the plan are ``depth + 1`` wide."""
+    bsz, m = parents.shape
+    w = int(depth) + 1
+    device = parents.device
+    index, length, bonus, out_tokens, src, dst, rows, last = carve(
+        [(bsz, w), (bsz,), (bsz,), (bsz, w), (bsz, w), (bsz, w), (bsz * w,), (bsz,)], torch.int64, device
+    )
+    commit_lens = torch.empty(bsz, dtype=torch.int32, device=device)
+    new_seq_lens = torch.empty(bsz, dtype=prefix_lens.dtype, device=device)
+    move = move_table is not None and move_table[0].numel() > 0
+    ptrs, strides = move_table if move else (slots, slots)  # never read without MOVE
+    if bsz > 0:
+        _walk_commit_kernel[(bsz, ptrs.numel() if move else 1)](
+            parents.contiguous(),
+            tokens.contiguous(),
+            target_tokens.to(torch.int64).contiguous(),
+            slots.contiguous(),
+            out_cache_loc.contiguous(),
+            prefix_lens.contiguous(),
+            m,
+            int(depth),
+            index, length, bonus, out_tokens, commit_lens, new_seq_lens, src, dst, rows, last,
+            ptrs,
+            strides,
+            MOVE=move,
+            TILE=tile,
+            NB=max(16, _next_pow2(m)),
+            DB=max(16, _next_pow2(w)),
+            num_warps=4,
+        )
+    plan = {"out_tokens": out_tokens, "commit_lens": commit_lens, "new_seq_lens": new_seq_lens, "move_src": src,
+            "move_dst": dst, "hidden_rows": rows, "last_node": last}
+    return index, length, bonus, plan

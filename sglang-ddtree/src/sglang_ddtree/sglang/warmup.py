@@ -10,7 +10,7 @@ estimate the per-step choice is made from.
 round's own dtypes and row strides (the same variants are compiled): the tree from drafter logits (or, at TP > 1, from
 gathered candidate lists), the candidate's tree (``tree_prefix``, ``chain_tree``), the verify arrays with and
 without the backend's mask buffer, the greedy walk, the commit plan and the KV move kernel (on a dummy buffer: the
-plan moves nothing). It touches no server state. The worker runs it after its CUDA graphs are captured
+plan moves nothing), and the fused walk + commit (+ move) kernel of greedy rounds. It touches no server state. The worker runs it after its CUDA graphs are captured
 (``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it in Triton's interpreter.
 """
 
@@ -93,15 +93,20 @@ def warm_round_kernels(
         for buffer in buffers:
             arrays = build_verify_arrays(verified, roots, prefix, 1, req_to_token, rows, buffer, backend=backend)
         target = torch.full((1, m), -1, dtype=torch.int64, device=device)  # no draft token matches: nothing moves
-        index, length, bonus = greedy_walk(verified, target, backend=backend)
+        index, length, bonus = greedy_walk(verified, target, backend=backend)  # sampling rounds: walk, plan, move
         plan = commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix,
                            backend=backend)
-        if move_kernel and backend == "triton":
-            from ._triton_glue import move_kv
+        if backend == "triton":
+            from ._triton_glue import move_kv, walk_commit
 
             pool = torch.zeros((req_to_token.numel(), 16), dtype=torch.uint8, device=device)  # every location
-            move_kv(plan.move_src, plan.move_dst, torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=device),
-                    torch.tensor([16], dtype=torch.int64, device=device))
+            table = (torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=device),
+                     torch.tensor([16], dtype=torch.int64, device=device))
+            if move_kernel:
+                move_kv(plan.move_src, plan.move_dst, *table)
+            # greedy rounds: walk + plan (+ moves) in one launch
+            walk_commit(verified.parents, verified.tokens, target, verified.max_depth, arrays.slots,
+                        arrays.out_cache_loc, prefix, table if move_kernel else None)
         widths.append(m)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

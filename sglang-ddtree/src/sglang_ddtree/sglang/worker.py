@@ -24,9 +24,10 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    materialised from the accepted nodes' hidden states.
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
-TP = 1 when opted in), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), the walk (one),
-``_triton_glue.commit_plan`` (tokens, lengths, moves, rows) and ``_triton_glue.move_kv`` (the moves of every layer,
-only for requests that need one), compiled at start-up for every width the server may verify (``warmup.py``, after
+TP = 1 when opted in), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and
+seeded rounds ``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves, rows; and the KV
+moves of every layer, only for requests that need one, in one launch; sampling rounds: the walk,
+``_triton_glue.commit_plan`` and ``_triton_glue.move_kv``), compiled at start-up for every width the server may verify (``warmup.py``, after
 the CUDA graphs); outputs of one dtype share one allocation (``_alloc.carve``). Everything that depends
 only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
 tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
@@ -49,7 +50,7 @@ from ..budget import BUDGET_ENV, CHAIN, fixed_budget_report, parse_budget_option
 from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, resolve_backend
 from ..verify import greedy_walk, sampling_walk
 from . import testing
-from .commit import commit_plan, tree_mamba_commit_indices
+from .commit import CommitPlan, commit_plan, tree_mamba_commit_indices
 from .draft_head import DraftCaptured, TreeDraftHead
 from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
 from .tp_topk import resolve_tp_group, sharded_candidates
@@ -63,6 +64,9 @@ __all__ = ["DDTreeWorker"]
 #: pass. Off by default until it is timed and checked on a GPU (issue 23; CPU-tested only so far).
 TREE_IN_GRAPH_ENV = "SGLANG_DDTREE_TREE_IN_GRAPH"
 TREE_IN_GRAPH_DEFAULT = "0"
+#: ``0``: greedy rounds walk, plan the commit and move the KV in three launches, as sampling rounds do, instead of
+#: ``_triton_glue.walk_commit``'s one (the A/B switch of bench/gpu/step_cost.py; read once at start-up).
+FUSED_COMMIT_ENV = "SGLANG_DDTREE_FUSED_COMMIT"
 
 
 def lm_head_problem(lm_head: Any) -> str | None:
@@ -122,6 +126,7 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
     _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
     _ddtree_head: TreeDraftHead | None = None  # the tree inside the drafter's CUDA graphs (draft_head.py)
+    _ddtree_fused_commit = True  # greedy rounds: walk + plan + moves in one launch (FUSED_COMMIT_ENV)
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -165,6 +170,7 @@ class DDTreeWorker(DFlashWorkerV2):
         from .verify_spec_input import DDTreeVerifyInput
 
         self._ddtree_glue = resolve_backend(None, torch.device(self.device))
+        self._ddtree_fused_commit = os.environ.get(FUSED_COMMIT_ENV, "1") != "0"
         self._ddtree_tp_group = resolve_tp_group(int(getattr(self.server_args, "tp_size", 1) or 1))
         self._ddtree_vocab_size = int(self.model_runner.model_config.vocab_size)
         # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
@@ -444,8 +450,13 @@ class DDTreeWorker(DFlashWorkerV2):
                                    mask_buffer, backend=self._ddtree_glue)
 
     # --- 4) accept and commit --------------------------------------------------------------------------------
-    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any):
-        """(local accept_index [bs, S], accept_len [bs], bonus [bs]).
+    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any, prefix_lens=None,
+                       kv_pool=None):
+        """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan or None, KV moved: bool).
+
+        Greedy and seeded rounds on the Triton glue with ``prefix_lens`` walk, plan the commit and (with a fused
+        move table of ``kv_pool``) move the KV in one launch (``_triton_glue.walk_commit``); otherwise the plan is
+        None and the caller makes it (``commit.commit_plan``) and moves the KV.
 
         First SGLang's own DFLASH verify adjustments (``apply_dflash_verify_logits_adjustments``: custom logit
         processors, the penalizers' accumulated penalties of the committed output, min_new_tokens, logit_bias)
@@ -469,10 +480,19 @@ class DDTreeWorker(DFlashWorkerV2):
                 _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m)) if seeded
                 else torch.argmax(logits, dim=-1)
             )
-            return greedy_walk(tree, target_predict, backend=self._ddtree_glue)
+            if self._ddtree_glue == "triton" and self._ddtree_fused_commit and prefix_lens is not None:
+                from ._triton_glue import walk_commit
+
+                table = None if kv_pool is None else self._ddtree_fused_move_table(kv_pool)
+                index, length, bonus, plan = walk_commit(
+                    tree.parents, tree.tokens, target_predict, tree.max_depth, arrays.slots, arrays.out_cache_loc,
+                    prefix_lens, table,
+                )
+                return index, length, bonus, CommitPlan(**plan), table is not None
+            return (*greedy_walk(tree, target_predict, backend=self._ddtree_glue), None, False)
         probs = _target_probs(logits, sampling_info)
         uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
-        return sampling_walk(tree, probs, uniforms)
+        return (*sampling_walk(tree, probs, uniforms), None, False)
 
     def _ddtree_fused_move_table(self, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The buffer table of the fused move kernel on ``kv_pool`` (``slot_move_table``), or None when moves go
@@ -643,13 +663,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.target_worker.model_runner, verify_forward_batch, logits_output.next_token_logits, snapshot
             )
 
-        accept_index, accept_len, bonus = self._ddtree_accept(
-            tree, arrays, logits_output.next_token_logits, batch.sampling_info
+        kv_pool = self.model_runner.token_to_kv_pool
+        accept_index, accept_len, bonus, plan, moved = self._ddtree_accept(
+            tree, arrays, logits_output.next_token_logits, batch.sampling_info, prefix_lens, kv_pool
         )
         if candidate is not None:
             self._ddtree_auto.observe(candidate, tree, accept_index, accept_len)
-        plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
-                           prefix_lens, backend=self._ddtree_glue)
+        if plan is None:
+            plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
+                               prefix_lens, backend=self._ddtree_glue)
         if testing.STATS_FILE:
             record = {
                 "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
@@ -660,7 +682,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 record["graph_vs_eager_max_abs"], record["graph_vs_eager_argmax_diff"] = check
             testing.write_stats(record)
 
-        self._ddtree_commit_kv(self.model_runner.token_to_kv_pool, plan)
+        if not moved:
+            self._ddtree_commit_kv(kv_pool, plan)
         if self._need_mamba_verify_commit:
             self._ddtree_mamba_commit(batch, accept_index, accept_len, seq_lens_pre_verify,
                                       self._ddtree_track_interval_value, plan.last_node,
