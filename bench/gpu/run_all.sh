@@ -22,7 +22,7 @@
 # attention with and without the tree mask at 16 and 17 tokens). lossless-shape: bench/gpu/lossless.py (tie-aware greedy
 # identity, oracle-forced deep and branching acceptance, graph vs eager) on the Qwen3.6-27B hybrid shape
 # (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS. COST_AB_TREE=1:
-# cost-8b and cost-tiny also time DDTREE with the tree inside the drafter graphs (SGLANG_DDTREE_TREE_IN_GRAPH=1);
+# cost-8b and cost-tiny also time DDTREE with the tree built after the drafter pass (SGLANG_DDTREE_TREE_IN_GRAPH=0);
 # COST_AB_ARGS adds step_cost.py arguments to both (e.g. "--ab split-commit:SGLANG_DDTREE_FUSED_COMMIT=0").
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
 # ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
@@ -143,7 +143,7 @@ run_step() {
     cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
           --contexts 128 --budgets ${COST_BUDGETS:-16} --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB:+--ab-attention} \
-          ${COST_AB_TREE:+--ab-tree-in-graph} ${COST_AB_ARGS:-}" ;;
+          ${COST_AB_TREE:+--ab-tree-after-pass} ${COST_AB_ARGS:-}" ;;
     cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
@@ -155,7 +155,7 @@ run_step() {
           --repeats ${COST_REPEATS:-3}" ;;
     cost-tiny) step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
         --contexts 128 --budgets "${COST_BUDGETS:-16}" --repeats "${COST_REPEATS:-5}" --batches "${COST_BATCHES:-1,8,32}" \
-        --algos "${COST_ALGOS:-none,DFLASH,DDTREE}" ${COST_AB_TREE:+--ab-tree-in-graph} ${COST_AB_ARGS:-} ;;
+        --algos "${COST_ALGOS:-none,DFLASH,DDTREE}" ${COST_AB_TREE:+--ab-tree-after-pass} ${COST_AB_ARGS:-} ;;
     lossless-shape) step lossless-shape bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/lossless.py --models '$STATE/shape-hybrid' --work '$STATE/lossless-shape' --label hybrid \

@@ -135,7 +135,7 @@ def parse_ab(items: list[str]) -> list[tuple[str, dict[str, str]]]:
         name, eq, value = assignment.partition("=")
         if not (sep and eq and label and name):
             raise SystemExit(f"--ab {item!r}: write LABEL:ENV=VALUE, "
-                             "e.g. tree-in-graph:SGLANG_DDTREE_TREE_IN_GRAPH=1")
+                             "e.g. tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0")
         variants.append((label, {name: value}))
     return variants
 
@@ -210,16 +210,16 @@ def main() -> int:
                          "ddtree_<label>_ms / _gpu_busy_ms / _kernels_us / ... (label: - becomes _)")
     ap.add_argument("--ab-attention", action="store_true",
                     help="--ab sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang (SGLang's own verify attention)")
-    ap.add_argument("--ab-tree-in-graph", action="store_true",
-                    help="--ab tree-in-graph:SGLANG_DDTREE_TREE_IN_GRAPH=1 (the draft tree built inside the drafter's "
-                         "CUDA graphs, draft_head.py, against the default: after the drafter pass)")
+    ap.add_argument("--ab-tree-after-pass", action="store_true",
+                    help="--ab tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0 (the draft tree built after the drafter "
+                         "pass, against the default: inside the drafter's CUDA graphs, draft_head.py)")
     ap.add_argument("--result", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     per_context = dict(item.split("=", 1) for item in args.context_batches.split(";") if item)
     variants = parse_ab(args.ab + (["sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang"] if args.ab_attention
                                    else [])
-                        + (["tree-in-graph:SGLANG_DDTREE_TREE_IN_GRAPH=1"] if args.ab_tree_in_graph else []))
+                        + (["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0"] if args.ab_tree_after_pass else []))
     budgets = [int(b) for b in args.budgets.split(",")]
     algos = args.algos.split(",")
     runs, failed = {}, []

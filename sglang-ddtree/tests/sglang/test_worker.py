@@ -264,7 +264,7 @@ def _head_worker(monkeypatch, max_bs=4, glue="triton", world=1):
     worker._ddtree_vocab_size = 40
     worker.server_args = SimpleNamespace(cuda_graph_max_bs=max_bs)
     worker.device = "cpu"
-    monkeypatch.setenv("SGLANG_DDTREE_TREE_IN_GRAPH", "1")
+    monkeypatch.delenv("SGLANG_DDTREE_TREE_IN_GRAPH", raising=False)  # the default: inside the graphs
     head = _lm_head(seed=4)
     worker._target_worker.model_runner.model = SimpleNamespace(lm_head=head)
     import sglang.srt.runtime_context as runtime_context
@@ -276,8 +276,7 @@ def _head_worker(monkeypatch, max_bs=4, glue="triton", world=1):
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"env": "0"}, "SGLANG_DDTREE_TREE_IN_GRAPH is not 1"),
-        ({"env": None}, "SGLANG_DDTREE_TREE_IN_GRAPH is not 1"),  # off by default until timed on a GPU
+        ({"env": "0"}, "SGLANG_DDTREE_TREE_IN_GRAPH=0"),
         ({"glue": "torch"}, "no Triton kernels"),
         ({"world": 2}, "tensor parallel"),
         ({"oracle": "/tmp/oracle.json"}, "test oracle"),
@@ -289,10 +288,8 @@ def test_tree_stays_out_of_the_drafter_graph_where_it_cannot_go(monkeypatch, cap
 
     worker, _ = _head_worker(monkeypatch, max_bs=change.get("max_bs", 4), glue=change.get("glue", "triton"),
                              world=change.get("world", 1))
-    if change.get("env") is not None:
+    if "env" in change:
         monkeypatch.setenv("SGLANG_DDTREE_TREE_IN_GRAPH", change["env"])
-    elif "env" in change:
-        monkeypatch.delenv("SGLANG_DDTREE_TREE_IN_GRAPH")
     monkeypatch.setattr(testing, "ORACLE_FILE", change.get("oracle"))
     with caplog.at_level("INFO", logger="sglang_ddtree.sglang.worker"):
         assert worker._maybe_build_draft_sampler() is None

@@ -118,8 +118,8 @@ def test_host_difference_lists_what_grew(base, other, expected):
 
 
 def test_parse_ab_reads_label_and_environment():
-    assert step_cost.parse_ab(["tree-in-graph:SGLANG_DDTREE_TREE_IN_GRAPH=1", "x:A=b=c"]) == [
-        ("tree-in-graph", {"SGLANG_DDTREE_TREE_IN_GRAPH": "1"}), ("x", {"A": "b=c"})]
+    assert step_cost.parse_ab(["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0", "x:A=b=c"]) == [
+        ("tree-after-pass", {"SGLANG_DDTREE_TREE_IN_GRAPH": "0"}), ("x", {"A": "b=c"})]
     for bad in ("no-colon", "label:NOEQUALS", ":A=1", "l:=1"):
         with pytest.raises(SystemExit, match="LABEL:ENV=VALUE"):
             step_cost.parse_ab([bad])
@@ -142,17 +142,17 @@ def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch,
     records = {
         "cost-DFLASH-128.json": _record(2.0, [[1, 2, 3]], 40.0),
         "cost-DDTREE16-128.json": _record(3.0, [[1, 2, 3]], 50.0),
-        "cost-DDTREE16-128-tree-in-graph.json": _record(2.5, [[1, 2, 9]], 45.0),
+        "cost-DDTREE16-128-tree-after-pass.json": _record(2.5, [[1, 2, 9]], 45.0),
     }
     for name, rec in records.items():
         (work / name).write_text(json.dumps(rec))
     monkeypatch.setattr(sys, "argv", ["step_cost.py", "--models", str(tmp_path), "--work", str(work), "--label", "tiny",
                                       "--contexts", "128", "--batches", "1", "--algos", "DFLASH,DDTREE",
-                                      "--ab-tree-in-graph"])
+                                      "--ab-tree-after-pass"])
     assert step_cost.main() == 0
     (row,) = json.loads((work / "step-cost-tiny.json").read_text())["rows"]
-    assert (row["dflash_ms"], row["ddtree_ms"], row["ddtree_tree_in_graph_ms"]) == (2.0, 3.0, 2.5)
-    assert row["ddtree_tree_in_graph_launches"] == 45.0
-    assert row["ddtree_tree_in_graph_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
+    assert (row["dflash_ms"], row["ddtree_ms"], row["ddtree_tree_after_pass_ms"]) == (2.0, 3.0, 2.5)
+    assert row["ddtree_tree_after_pass_launches"] == 45.0
+    assert row["ddtree_tree_after_pass_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
     out = capsys.readouterr().out
-    assert "DDTREE tree-in-graph: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in out
+    assert "DDTREE tree-after-pass: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in out

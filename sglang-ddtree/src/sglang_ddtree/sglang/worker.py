@@ -5,8 +5,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
 1. Drafter pass — DFLASH's own code, unchanged: ``DFlashWorkerV2.forward_batch_generation`` prepares the block
    (root = last verified token + S-1 mask tokens), runs the drafter (CUDA graph when captured) and then asks
    ``_greedy_sample_from_vocab_parallel_head`` for the argmax chain, or, when the drafter ran as a CUDA graph
-   with its draft head folded in, reads that head's ``out``. DDTREE takes both: its head (``draft_head.py``,
-   opt-in: ``TREE_IN_GRAPH_ENV``) builds the tree inside the drafter's graphs, and the round ends DFLASH's at
+   with its draft head folded in, reads that head's ``out``. DDTREE takes both: its head (``draft_head.py``; off
+   with ``TREE_IN_GRAPH_ENV=0``) builds the tree inside the drafter's graphs, and the round ends DFLASH's at
    either point (``DraftCaptured``, with the hidden states when the pass ran eagerly), so the drafter pass stays
    DFLASH's on every supported SGLang version.
 2. Tree: drafter logits through the target's lm_head; ``build_tree`` (TP = 1) or the vocabulary-sharded
@@ -24,7 +24,7 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    materialised from the accepted nodes' hidden states.
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
-TP = 1 when opted in), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and
+TP = 1), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and
 seeded rounds ``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves, rows; and the KV
 moves of every layer, only for requests that need one, in one launch; sampling rounds: the walk,
 ``_triton_glue.commit_plan`` and ``_triton_glue.move_kv``), compiled at start-up for every width the server may verify (``warmup.py``, after
@@ -60,10 +60,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DDTreeWorker"]
 
-#: ``1``: build the draft tree inside the drafter's CUDA graphs (``draft_head.py``); anything else, after the drafter
-#: pass. Off by default until it is timed and checked on a GPU (issue 23; CPU-tested only so far).
+#: ``1`` (default): build the draft tree inside the drafter's CUDA graphs where it can go (``draft_head.py``);
+#: ``0``: after the drafter pass. On an H100 (12-06, bench/results/step-cost-*-h100-2026-12-06.json) it took the tiny
+#: pair's DDTREE-16 step from 1.23x DFLASH's to 1.03x at batch 1, with the same tokens.
 TREE_IN_GRAPH_ENV = "SGLANG_DDTREE_TREE_IN_GRAPH"
-TREE_IN_GRAPH_DEFAULT = "0"
+TREE_IN_GRAPH_DEFAULT = "1"
 #: ``0``: greedy rounds walk, plan the commit and move the KV in three launches, as sampling rounds do, instead of
 #: ``_triton_glue.walk_commit``'s one (the A/B switch of bench/gpu/step_cost.py; read once at start-up).
 FUSED_COMMIT_ENV = "SGLANG_DDTREE_FUSED_COMMIT"
@@ -326,8 +327,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_head_refusal(self) -> tuple[str | None, int]:
         """(why the tree cannot be built inside the drafter's graphs, or None; the graphs' largest batch)."""
-        if os.environ.get(TREE_IN_GRAPH_ENV, TREE_IN_GRAPH_DEFAULT) != "1":
-            return f"{TREE_IN_GRAPH_ENV} is not 1", 0
+        if os.environ.get(TREE_IN_GRAPH_ENV, TREE_IN_GRAPH_DEFAULT) == "0":
+            return f"{TREE_IN_GRAPH_ENV}=0", 0
         if self._ddtree_glue != "triton":
             return "no Triton kernels on this device", 0
         if int(getattr(self._ddtree_tp_group, "world_size", 1) or 1) > 1:
