@@ -153,9 +153,10 @@ run_step() {
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '32768=1,8' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
-    cost-tiny) step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
+    cost-tiny) read -r -a ab_args <<<"${COST_AB_ARGS:-}"  # several arguments
+      step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
         --contexts 128 --budgets "${COST_BUDGETS:-16}" --repeats "${COST_REPEATS:-5}" --batches "${COST_BATCHES:-1,8,32}" \
-        --algos "${COST_ALGOS:-none,DFLASH,DDTREE}" ${COST_AB_TREE:+--ab-tree-after-pass} ${COST_AB_ARGS:-} ;;
+        --algos "${COST_ALGOS:-none,DFLASH,DDTREE}" ${COST_AB_TREE:+--ab-tree-after-pass} "${ab_args[@]}" ;;
     lossless-shape) step lossless-shape bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/lossless.py --models '$STATE/shape-hybrid' --work '$STATE/lossless-shape' --label hybrid \

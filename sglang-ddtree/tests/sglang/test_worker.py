@@ -512,41 +512,40 @@ def _stand_in_walk_commit(calls):
     return walk_commit
 
 
-def test_greedy_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(monkeypatch):
+@pytest.mark.parametrize("table_given", [True, False])
+def test_greedy_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(monkeypatch, table_given):
     """On the Triton glue a greedy round takes the fused path: one ``walk_commit`` call with the pool's move table
     gives the walk, the plan and the KV moves (the round then moves nothing itself); without a table the round
     moves the KV through the pool. Either way it commits exactly the eager torch round's result."""
     from sglang_ddtree.sglang import _triton_glue
 
-    for table_given in (True, False):
-        worker, _ = _worker(block_size=5, budget=8)
-        r = _stand_in_round(monkeypatch, worker)
-        calls = []
-        monkeypatch.setattr(_triton_glue, "walk_commit", _stand_in_walk_commit(calls))
-        torch_inputs = worker._ddtree_verify_inputs
+    worker, _ = _worker(block_size=5, budget=8)
+    r = _stand_in_round(monkeypatch, worker)
+    calls = []
+    monkeypatch.setattr(_triton_glue, "walk_commit", _stand_in_walk_commit(calls))
+    torch_inputs = worker._ddtree_verify_inputs
 
-        def verify_inputs_on_torch(*args):  # the verify arrays from the torch glue (no Triton on the CPU)
-            worker._ddtree_glue = "torch"
-            try:
-                return torch_inputs(*args)
-            finally:
-                worker._ddtree_glue = "triton"
+    def verify_inputs_on_torch(*args):  # the verify arrays from the torch glue (no Triton on the CPU)
+        worker._ddtree_glue = "torch"
+        try:
+            return torch_inputs(*args)
+        finally:
+            worker._ddtree_glue = "triton"
 
-        worker._ddtree_verify_inputs = verify_inputs_on_torch
-        worker._ddtree_glue = "triton"
-        worker._ddtree_move_table = r.pool if table_given else None  # the stand-in pool plays the buffer table
-        worker._ddtree_move_table_resolved = True
-        own_moves = []
-        real_commit = worker._ddtree_commit_kv
-        worker._ddtree_commit_kv = lambda pool, plan: (own_moves.append(plan), real_commit(pool, plan))
-        worker._ddtree_fused_move_table = lambda pool: worker._ddtree_move_table
-        batch = r.new_batch()
-        result = worker._ddtree_round(batch, r.draft_hidden, None)
-        tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
-                          worker.ddtree_budget)
-        _assert_round_committed(worker, r, batch, result, tree)
-        assert calls == [r.pool if table_given else None]
-        assert len(own_moves) == (0 if table_given else 1)
+    worker._ddtree_verify_inputs = verify_inputs_on_torch
+    worker._ddtree_glue = "triton"
+    table = r.pool if table_given else None  # the stand-in pool plays the buffer table
+    worker._ddtree_fused_move_table = lambda pool: table
+    own_moves = []
+    real_commit = worker._ddtree_commit_kv
+    worker._ddtree_commit_kv = lambda pool, plan: (own_moves.append(plan), real_commit(pool, plan))
+    batch = r.new_batch()
+    result = worker._ddtree_round(batch, r.draft_hidden, None)
+    tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
+                      worker.ddtree_budget)
+    _assert_round_committed(worker, r, batch, result, tree)
+    assert calls == [table]
+    assert len(own_moves) == (0 if table_given else 1)
 
 
 def test_round_from_the_graph_heads_tree_commits_as_the_eager_round(monkeypatch):

@@ -10,8 +10,9 @@ estimate the per-step choice is made from.
 round's own dtypes and row strides (the same variants are compiled): the tree from drafter logits (or, at TP > 1, from
 gathered candidate lists), the candidate's tree (``tree_prefix``, ``chain_tree``), the verify arrays with and
 without the backend's mask buffer, the greedy walk, the commit plan and the KV move kernel (on a dummy buffer: the
-plan moves nothing), and the fused walk + commit (+ move) kernel of greedy rounds. It touches no server state. The worker runs it after its CUDA graphs are captured
-(``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it in Triton's interpreter.
+plan moves nothing), and the fused walk + commit (+ move) kernel of greedy rounds. It touches no server state. The
+worker runs it after its CUDA graphs are captured (``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it
+in Triton's interpreter.
 """
 
 from __future__ import annotations

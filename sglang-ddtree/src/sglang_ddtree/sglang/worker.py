@@ -24,11 +24,11 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    materialised from the accepted nodes' hidden states.
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
-TP = 1), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and
-seeded rounds ``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves, rows; and the KV
-moves of every layer, only for requests that need one, in one launch; sampling rounds: the walk,
-``_triton_glue.commit_plan`` and ``_triton_glue.move_kv``), compiled at start-up for every width the server may verify (``warmup.py``, after
-the CUDA graphs); outputs of one dtype share one allocation (``_alloc.carve``). Everything that depends
+TP = 1), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and seeded rounds
+``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves, rows; and the KV moves of every
+layer, only for requests that need one, in one launch; sampling rounds: the walk, ``_triton_glue.commit_plan`` and
+``_triton_glue.move_kv``), compiled at start-up for every width the server may verify (``warmup.py``, after the
+CUDA graphs); outputs of one dtype share one allocation (``_alloc.carve``). Everything that depends
 only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
 tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
 Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
