@@ -5,6 +5,7 @@
 #
 #   DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
 #   STEPS="sglang-setup train-start lossless-hybrid" DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
+#   STEPS=issue23 DEADLINE_S=7200 bash bench/gpu/run_all.sh STATE_DIR     # issue 23's table, on a GPU without limits
 #
 # Steps (STEPS picks some, in its order; default: all but the trained pair's): core-stages
 # (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench (bench/tree_build.py),
@@ -173,7 +174,11 @@ sglang_env
 export -f sglang_setup
 export -f train_wait left
 export T0 DEADLINE_S
-for name in ${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}; do
+# Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
+# at 1k, 8k and 32k tokens of context, greedy identity on the pure and hybrid pairs and the 27B hybrid shape).
+ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
+steps=${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}
+for name in ${steps//issue23/$ISSUE23}; do
   case "$name" in core-*) ;; *) sglang_env ;; esac
   run_step "$name"
 done

@@ -13,7 +13,8 @@ profiled window includes the (cached) prefill, so per-step counts are upper boun
 takes, e.g. bench/gpu/shapes.py's config-only shapes (random weights: nothing is accepted, every step verifies a
 full block or tree). Written ``step-cost-<label>.json``: ``{"sglang", "gpu", "commit", "rows": [{"target",
 "batch", "budget", "context", "none_ms", "dflash_ms", "ddtree_ms", "ddtree_over_dflash", "none_launches",
-"dflash_launches", "ddtree_launches", "*_syncs", "*_gpu_busy_ms", "dflash_greedy_vs_none", "ddtree_greedy_vs_none"}]}``
+"dflash_launches", "ddtree_launches", "*_syncs", "*_gpu_busy_ms", "dflash_greedy_vs_none", "ddtree_greedy_vs_none",
+"meets_goal"}]}``
 (one row per DDTREE budget, batch and context). ``*_greedy_vs_none``: the first timed generate's greedy tokens
 against no speculation's on the same prompts (``{"identical", "requests", "first_divergence"}``; random weights
 make near-ties, so a divergence is a lead to check with bench/gpu/lossless.py, not a verdict).
@@ -149,6 +150,21 @@ def host_difference(base: dict | None, other: dict | None, top: int = 15) -> lis
     return sorted(((n, d) for n, d in grown.items() if d > 0), key=lambda kv: -kv[1])[:top]
 
 
+#: Issue 23's goal for one row: DDTREE's step at most GOAL_RATIO x DFLASH's, and at most GOAL_EXTRA_LAUNCHES more
+#: kernel launches a step.
+GOAL_RATIO = 1.05
+GOAL_EXTRA_LAUNCHES = 10
+
+
+def meets_goal(row: dict) -> bool | None:
+    """Whether a row meets issue 23's goal (None: DFLASH or DDTREE was not measured in it)."""
+    need = ("dflash_ms", "ddtree_ms", "dflash_launches", "ddtree_launches")
+    if any(row.get(k) is None for k in need):
+        return None
+    return (row["ddtree_ms"] <= GOAL_RATIO * row["dflash_ms"]
+            and row["ddtree_launches"] <= row["dflash_launches"] + GOAL_EXTRA_LAUNCHES)
+
+
 def greedy_identity(reference: list[list[int]] | None, outputs: list[list[int]] | None) -> dict | None:
     """How many requests' greedy tokens equal the reference's (no speculation, same prompts), and where each
     other one first differs (token index). None when either side recorded no tokens."""
@@ -275,6 +291,7 @@ def main() -> int:
                     row[f"ddtree_{label.replace('-', '_')}_greedy_vs_ddtree"] = greedy_identity(ddtree_outputs, outputs)
                 if row["dflash_ms"] and row["ddtree_ms"]:
                     row["ddtree_over_dflash"] = round(row["ddtree_ms"] / row["dflash_ms"], 3)
+                row["meets_goal"] = meets_goal(row)
                 rows.append(row)
     first = next(iter(runs.values()), {})
     result = {"sglang": first.get("sglang"), "gpu": first.get("gpu"), "commit": _commit(), "rows": rows}
@@ -290,14 +307,16 @@ def main() -> int:
         return "-" if identity is None else f"{identity['identical']}/{identity['requests']}"
 
     print("| target | batch | budget | context | none ms | DFLASH ms | DDTREE ms | DDTREE/DFLASH "
-          "| launches DFLASH/DDTREE | GPU busy DFLASH/DDTREE ms | same as none DFLASH/DDTREE |")
+          f"| launches DFLASH/DDTREE | GPU busy DFLASH/DDTREE ms | same as none DFLASH/DDTREE "
+          f"| goal (<= {GOAL_RATIO}x, <= +{GOAL_EXTRA_LAUNCHES} launches) |")
     for r in rows:
         print(
             f"| {r['target']} | {r['batch']} | {r['budget']} | {r['context']} | {fmt(r['none_ms'])} | "
             f"{fmt(r['dflash_ms'])} | {fmt(r['ddtree_ms'])} | {fmt(r.get('ddtree_over_dflash'), 3)} | "
             f"{fmt(r['dflash_launches'], 1)}/{fmt(r['ddtree_launches'], 1)} | "
             f"{fmt(r['dflash_gpu_busy_ms'])}/{fmt(r['ddtree_gpu_busy_ms'])} | "
-            f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} |"
+            f"{same(r['dflash_greedy_vs_none'])}/{same(r['ddtree_greedy_vs_none'])} | "
+            f"{ {True: 'met', False: 'NOT met', None: '-'}[r['meets_goal']] } |"
         )
     for r in rows:
         for label, _ in variants:

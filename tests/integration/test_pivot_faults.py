@@ -120,7 +120,10 @@ def assert_rolled_back(run: lk.Run, reason: str) -> dict:
     md = (run.report_dir / "pivot-report.md").read_text()
     assert "> Next steps: the old server serves again" in md and "playbooks/rollback.yml" in md
     # the training section is rendered: the halt with its own duration, or that nothing was running
-    assert "| the halt: first signal to every process gone |" in md or "No training run was running" in md
+    # seen failing once (12-05), cause unknown: the message keeps what that run lost
+    training = md.partition("## Training")[2][:2000]
+    assert "| the halt: first signal to every process gone |" in md or "No training run was running" in md, (
+        f"the report's training section:\n{training}\nthe run's tail:\n{run.tail()}")
     assert_nextn_serving()
     return report
 

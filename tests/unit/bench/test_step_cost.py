@@ -117,6 +117,19 @@ def test_host_difference_lists_what_grew(base, other, expected):
     assert step_cost.host_difference(base, other) == expected
 
 
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"dflash_ms": 2.0, "ddtree_ms": 2.1, "dflash_launches": 40.0, "ddtree_launches": 50.0}, True),
+        ({"dflash_ms": 2.0, "ddtree_ms": 2.11, "dflash_launches": 40.0, "ddtree_launches": 41.0}, False),  # 1.055x
+        ({"dflash_ms": 2.0, "ddtree_ms": 1.5, "dflash_launches": 40.0, "ddtree_launches": 50.5}, False),  # +10.5
+        ({"dflash_ms": 2.0, "ddtree_ms": None, "dflash_launches": 40.0, "ddtree_launches": 41.0}, None),
+    ],
+)
+def test_meets_goal_takes_time_and_launches(row, expected):
+    assert step_cost.meets_goal(row) is expected
+
+
 def test_parse_ab_reads_label_and_environment():
     assert step_cost.parse_ab(["tree-after-pass:SGLANG_DDTREE_TREE_IN_GRAPH=0", "x:A=b=c"]) == [
         ("tree-after-pass", {"SGLANG_DDTREE_TREE_IN_GRAPH": "0"}), ("x", {"A": "b=c"})]
@@ -153,6 +166,7 @@ def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch,
     (row,) = json.loads((work / "step-cost-tiny.json").read_text())["rows"]
     assert (row["dflash_ms"], row["ddtree_ms"], row["ddtree_tree_after_pass_ms"]) == (2.0, 3.0, 2.5)
     assert row["ddtree_tree_after_pass_launches"] == 45.0
+    assert row["meets_goal"] is False  # 1.5x DFLASH's step
     assert row["ddtree_tree_after_pass_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
     out = capsys.readouterr().out
     assert "DDTREE tree-after-pass: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in out
