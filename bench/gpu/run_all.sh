@@ -24,7 +24,7 @@
 # identity, oracle-forced deep and branching acceptance, graph vs eager) on the Qwen3.6-27B hybrid shape
 # (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS. COST_AB_TREE=1:
 # cost-8b and cost-tiny also time DDTREE with the tree built after the drafter pass (SGLANG_DDTREE_TREE_IN_GRAPH=0);
-# COST_AB_ARGS adds step_cost.py arguments to both (e.g. "--ab split-commit:SGLANG_DDTREE_FUSED_COMMIT=0").
+# COST_AB_ARGS adds step_cost.py arguments to both (e.g. "--ab sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang").
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
 # ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).

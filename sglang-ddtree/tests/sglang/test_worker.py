@@ -485,10 +485,10 @@ def test_full_decode_round_glue_with_stand_in_forwards(monkeypatch):
 
 
 def _stand_in_walk_commit(calls):
-    """``_triton_glue.walk_commit`` on CPU: the core walk and ``commit_plan_torch``, and the plan's moves applied to
+    """``_triton_glue.walk_commit`` on CPU: the core walk and ``commit_plan``, and the plan's moves applied to
     the StandInKVPool passed as the move table (the kernel's own logic is checked in Triton's interpreter:
     tests/triton_interpreted_check.py, glue/walk-commit)."""
-    from sglang_ddtree.sglang.commit import commit_plan_torch
+    from sglang_ddtree.sglang.commit import commit_plan
 
     def walk_commit(parents, tokens, target, depth, slots, out_cache_loc, prefix, table=None):
         calls.append(table)
@@ -504,7 +504,7 @@ def _stand_in_walk_commit(calls):
                 path.append(kids[0])
             index[b, : len(path)] = torch.tensor(path)
             length[b], bonus[b] = len(path) - 1, target[b, path[-1]]
-        plan = commit_plan_torch(index, length, bonus, slots, out_cache_loc, tokens, prefix)
+        plan = commit_plan(index, length, bonus, slots, out_cache_loc, tokens, prefix)
         if table is not None:
             table.move_kv_cache(plan.move_dst.clamp(min=0).reshape(-1), plan.move_src.clamp(min=0).reshape(-1))
         return index, length, bonus, vars(plan).copy()
@@ -512,11 +512,12 @@ def _stand_in_walk_commit(calls):
     return walk_commit
 
 
-@pytest.mark.parametrize("table_given", [True, False])
-def test_greedy_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(monkeypatch, table_given):
-    """On the Triton glue a greedy round takes the fused path: one ``walk_commit`` call with the pool's move table
-    gives the walk, the plan and the KV moves (the round then moves nothing itself); without a table the round
-    moves the KV through the pool. Either way it commits exactly the eager torch round's result."""
+@pytest.mark.parametrize(("table_given", "sampled"), [(True, False), (False, False), (True, True)])
+def test_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(monkeypatch, table_given, sampled):
+    """On the Triton glue a round takes the fused path: one ``walk_commit`` call with the pool's move table gives
+    the walk, the plan and the KV moves (the round then moves nothing itself); without a table the round moves the
+    KV through the pool. Either way it commits exactly the eager torch round's result. A sampling round (top-k 1
+    here: its draws are the argmax) walks the sampled tokens through the same call."""
     from sglang_ddtree.sglang import _triton_glue
 
     worker, _ = _worker(block_size=5, budget=8)
@@ -540,6 +541,9 @@ def test_greedy_round_on_the_triton_glue_walks_commits_and_moves_in_one_call(mon
     real_commit = worker._ddtree_commit_kv
     worker._ddtree_commit_kv = lambda pool, plan: (own_moves.append(plan), real_commit(pool, plan))
     batch = r.new_batch()
+    if sampled:
+        batch.sampling_info = StandInSamplingInfo(r.bs, is_all_greedy=False, temperatures=torch.full((r.bs, 1), 0.7),
+                                                  top_ks=torch.ones(r.bs, dtype=torch.int64), top_ps=torch.ones(r.bs))
     result = worker._ddtree_round(batch, r.draft_hidden, None)
     tree = build_tree((r.draft_hidden @ r.head.weight.t()).view(r.bs, worker.block_size - 1, -1),
                       worker.ddtree_budget)

@@ -3,16 +3,14 @@
 * ``verify_prep``: tree -> every verify array (tokens, positions, chain-first KV slots and their locations,
   retrieve index) and the tree cells of the FULL_MASK layout written into the backend's mask buffer.
   Reference: ``verify_input.build_verify_arrays(..., backend="torch")``.
-* ``commit_plan``: accepted path -> emitted tokens, commit lengths, new lengths, KV moves, drafter-context rows,
-  last accepted node. Reference: ``commit.commit_plan_torch``.
-* ``move_kv``: the KV moves of every layer of a slot-major pool (SGLang's ``data_ptrs``/``data_strides``: one
-  base pointer and one row size in bytes per buffer), one program per (request, buffer); a request with nothing
-  to move (its path followed the chain) returns at once. Sources are loaded before any destination is stored
-  (a barrier between the two), so moves of one request may read slots that others write.
-* ``walk_commit``: the greedy walk, the commit plan and the KV moves in ONE launch (the greedy round's usual path):
-  program (b, buf) walks request b's tree (cheap: at most depth steps over budget + 1 nodes), then moves buffer
-  buf's slots; program (b, 0) also stores the walk's and the plan's outputs. References: ``verify.greedy_walk``,
-  ``commit.commit_plan_torch``, ``move_kv``.
+* ``walk_commit``: the walk, the commit plan and the KV moves in ONE launch: from the target's token at every node
+  (argmax, or the sampled token: the walk is the same) the accepted path, then the emitted tokens, commit lengths,
+  new lengths, KV moves, drafter-context rows and last accepted node, and the moves applied to every layer of a
+  slot-major pool (SGLang's ``data_ptrs``/``data_strides``: one base pointer and one row size in bytes per buffer).
+  Program (b, buf) walks request b's tree (cheap: at most depth steps over budget + 1 nodes), then moves buffer
+  buf's slots of that request (none when its path followed the chain); program (b, 0) also stores the outputs.
+  Within a tile, every source is loaded before any destination is stored. References: ``verify.greedy_walk``,
+  ``commit.commit_plan``.
 
 Tested against the references in Triton's CPU interpreter (tests/triton_interpreted_check.py) and on CUDA.
 """
@@ -25,7 +23,7 @@ import triton.language as tl
 
 from .._alloc import carve
 
-__all__ = ["commit_plan", "move_kv", "verify_prep", "walk_commit"]
+__all__ = ["verify_prep", "walk_commit"]
 
 
 def _next_pow2(n: int) -> int:
@@ -148,136 +146,6 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
     return out
 
 
-@triton.jit(do_not_specialize=["N", "W"])
-def _commit_plan_kernel(
-    idx_ptr,  # int [B, W] accepted path (local nodes), -1 padded
-    len_ptr,  # int [B]
-    bonus_ptr,  # int [B]
-    slot_ptr,  # i64 [B, M]
-    loc_ptr,  # int [B*M]
-    tok_ptr,  # i64 [B, N]
-    prefix_ptr,  # int [B]
-    N,
-    W,
-    o_out,  # i64 [B, W]
-    o_commit,  # i32 [B]
-    o_new,  # prefix dtype [B]
-    o_src,  # i64 [B, W]
-    o_dst,  # i64 [B, W]
-    o_rows,  # i64 [B*W]
-    o_last,  # i64 [B]
-    NB: tl.constexpr,
-    WB: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    m = N + 1
-    k = tl.arange(0, WB)
-    kin = k < W
-    length = tl.load(len_ptr + b).to(tl.int64)
-    node = tl.load(idx_ptr + b * W + k, mask=kin, other=-1).to(tl.int64)
-    node = tl.where(node >= 0, node, 0)
-    live = kin & (k <= length)
-    i = tl.arange(0, NB)
-    inside = i < m
-    slot = tl.load(slot_ptr + b * m + i, mask=inside, other=-1)
-    loc = tl.load(loc_ptr + b * m + i, mask=inside, other=0).to(tl.int64)
-    src = tl.sum(tl.where(i[None, :] == node[:, None], loc[None, :], 0), axis=1)
-    dst = tl.sum(tl.where(slot[None, :] == k[:, None], loc[None, :], 0), axis=1)
-    move = live & (src != dst)
-    tl.store(o_src + b * W + k, tl.where(move, src, -1), mask=kin)
-    tl.store(o_dst + b * W + k, tl.where(move, dst, -1), mask=kin)
-    nxt = tl.load(idx_ptr + b * W + k + 1, mask=(k + 1) < W, other=0).to(tl.int64)
-    ntok = tl.load(tok_ptr + b * N + nxt - 1, mask=kin & (k < length) & (nxt >= 1), other=0)
-    bonus = tl.load(bonus_ptr + b).to(tl.int64)
-    out = tl.where(k < length, ntok, tl.where(k == length, bonus, 0))
-    tl.store(o_out + b * W + k, out, mask=kin)
-    tl.store(o_rows + b * W + k, b * m + tl.where(live, node, tl.minimum(k, m - 1)), mask=kin)
-    tl.store(o_last + b, tl.sum(tl.where(kin & (k == length), node, 0), axis=0))
-    tl.store(o_commit + b, (length + 1).to(tl.int32))
-    prefix = tl.load(prefix_ptr + b)
-    tl.store(o_new + b, prefix + (length + 1).to(prefix.dtype))
-
-
-def commit_plan(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens, prefix_lens) -> dict:
-    """The fields of ``commit.CommitPlan`` (dict), from one kernel."""
-    bsz, width = accept_index.shape
-    m = slots.shape[1]
-    device = accept_index.device
-    names = ("out_tokens", "move_src", "move_dst", "hidden_rows", "last_node")
-    out = dict(zip(names, carve([(bsz, width), (bsz, width), (bsz, width), (bsz * width,), (bsz,)], torch.int64,
-                                device), strict=True))
-    out["commit_lens"] = torch.empty(bsz, dtype=torch.int32, device=device)
-    out["new_seq_lens"] = torch.empty(bsz, dtype=prefix_lens.dtype, device=device)
-    _commit_plan_kernel[(bsz,)](
-        accept_index.contiguous(),
-        accept_len.contiguous(),
-        bonus.contiguous(),
-        slots.contiguous(),
-        out_cache_loc.contiguous(),
-        tree_tokens.contiguous(),
-        prefix_lens.contiguous(),
-        m - 1,
-        width,
-        out["out_tokens"],
-        out["commit_lens"],
-        out["new_seq_lens"],
-        out["move_src"],
-        out["move_dst"],
-        out["hidden_rows"],
-        out["last_node"],
-        NB=max(16, _next_pow2(m)),
-        WB=max(16, _next_pow2(width)),
-        num_warps=1,
-    )
-    return out
-
-
-@triton.jit(do_not_specialize=["W"])
-def _move_kv_kernel(
-    src_ptr,  # i64 [B, W] source slots, -1 = no move
-    dst_ptr,  # i64 [B, W]
-    W,
-    ptrs,  # u64 [NBUF] base address of each buffer
-    strides,  # i64 [NBUF] bytes per slot row
-    TILE: tl.constexpr,
-    WB: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    buf = tl.program_id(1)
-    k = tl.arange(0, WB)
-    src = tl.load(src_ptr + b * W + k, mask=k < W, other=-1)
-    dst = tl.load(dst_ptr + b * W + k, mask=k < W, other=-1)
-    need = src >= 0
-    if tl.sum(need.to(tl.int32), axis=0) > 0:
-        stride = tl.load(strides + buf).to(tl.int64)
-        base = tl.cast(tl.load(ptrs + buf), tl.pointer_type(tl.uint8))
-        for start in range(0, stride, TILE):
-            o = start + tl.arange(0, TILE)
-            sel = need[:, None] & (o[None, :] < stride)
-            vals = tl.load(base + src[:, None] * stride + o[None, :], mask=sel)
-            tl.debug_barrier()  # every source of this tile read before any destination is written
-            tl.store(base + dst[:, None] * stride + o[None, :], vals, mask=sel)
-
-
-def move_kv(move_src: torch.Tensor, move_dst: torch.Tensor, data_ptrs: torch.Tensor, data_strides: torch.Tensor,
-            tile: int = 512) -> None:
-    """Apply ``commit_plan``'s moves to every buffer of a slot-major KV pool (``data_ptrs`` u64 [NBUF] base
-    addresses, ``data_strides`` [NBUF] bytes per slot), in place."""
-    bsz, width = move_src.shape
-    if bsz == 0 or data_ptrs.numel() == 0:
-        return
-    _move_kv_kernel[(bsz, data_ptrs.numel())](
-        move_src.contiguous(),
-        move_dst.contiguous(),
-        width,
-        data_ptrs,
-        data_strides,
-        TILE=tile,
-        WB=max(16, _next_pow2(width)),
-        num_warps=4,
-    )
-
-
 @triton.jit(do_not_specialize=["M", "D"])
 def _walk_commit_kernel(
     par_ptr,  # i64 [B, M] parents (root: -1)
@@ -328,7 +196,7 @@ def _walk_commit_kernel(
         length = length + alive.to(tl.int32)
         path = tl.where((k == length) & alive, nxt.to(tl.int64), path)
         cur = tl.where(alive, nxt, cur)
-    # the plan (commit.commit_plan_torch): the KV of path entry k moves to the slot verified at offset k
+    # the plan (commit.commit_plan): the KV of path entry k moves to the slot verified at offset k
     kin = k < w
     node = tl.where(path >= 0, path, 0)
     live = kin & (k <= length)
@@ -367,9 +235,9 @@ def _walk_commit_kernel(
 
 def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, prefix_lens, move_table=None,
                 tile: int = 512):
-    """(accept_index, accept_len, bonus, plan) of a greedy round in one launch: ``verify.greedy_walk``'s outputs
-    and ``commit_plan``'s fields (dict); with ``move_table`` (``move_kv``'s ``(data_ptrs, data_strides)``) the
-    plan's KV moves are applied too, in place.
+    """(accept_index, accept_len, bonus, plan) of a round in one launch: ``verify.greedy_walk``'s outputs over
+    ``target_tokens`` and ``commit.commit_plan``'s fields (dict); with ``move_table`` (the pool's ``(data_ptrs u64
+    [NBUF], data_strides [NBUF] bytes per slot)``) the plan's KV moves are applied too, in place.
 
     parents int64 [B, M], tokens int64 [B, M-1], target_tokens int64 [B, M], slots int64 [B, M], out_cache_loc
     [B*M], prefix_lens [B]; the path and the plan are ``depth + 1`` wide."""

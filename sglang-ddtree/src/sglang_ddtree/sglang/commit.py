@@ -1,6 +1,6 @@
 """Accept/commit bookkeeping after a tree verify: pure tensor functions (device-agnostic, static shapes, no host
-synchronisation), tested on CPU with a simulated KV allocator. On CUDA one Triton kernel
-(``_triton_glue.commit_plan``) computes the same plan; ``commit_plan_torch`` is its reference.
+synchronisation), tested on CPU with a simulated KV allocator. On CUDA the walk's Triton kernel
+(``_triton_glue.walk_commit``) computes the same plan and applies its moves; ``commit_plan`` is its reference.
 
 SGLang's spec-v2 workers (DFLASH and EAGLE alike) reserve each request's KV slots ahead of time: before a
 decode round, ``req_to_token[r, prefix : prefix + W]`` already holds slots owned by the request (W = the
@@ -24,7 +24,6 @@ import torch
 __all__ = [
     "CommitPlan",
     "commit_plan",
-    "commit_plan_torch",
     "last_accepted_node",
     "out_tokens_from_path",
     "tree_mamba_commit_indices",
@@ -52,17 +51,9 @@ class CommitPlan:
     last_node: torch.Tensor
 
 
-def commit_plan(
-    accept_index: torch.Tensor,
-    accept_len: torch.Tensor,
-    bonus: torch.Tensor,
-    slots: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    tree_tokens: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    backend: str = "torch",
-) -> CommitPlan:
-    """The commit of a verified round (``backend``: "triton", one kernel, or "torch").
+def commit_plan(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens, prefix_lens) -> CommitPlan:
+    """The commit of a verified round, in plain torch ops (on CUDA ``_triton_glue.walk_commit`` computes the same
+    plan in the walk's own launch).
 
     Args:
         accept_index: int [B, W] local node indices of the accepted path (root first), -1 padded.
@@ -73,16 +64,6 @@ def commit_plan(
         tree_tokens: int64 [B, N] the tree's draft tokens (node i+1 in column i).
         prefix_lens: int [B] committed lengths before this round (position of the root).
     """
-    if backend == "triton":
-        from ._triton_glue import commit_plan as triton_commit_plan
-
-        return CommitPlan(**triton_commit_plan(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens,
-                                               prefix_lens))
-    return commit_plan_torch(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens, prefix_lens)
-
-
-def commit_plan_torch(accept_index, accept_len, bonus, slots, out_cache_loc, tree_tokens, prefix_lens) -> CommitPlan:
-    """Reference of :func:`commit_plan` in plain torch ops (same arguments)."""
     bsz, width = accept_index.shape
     m = slots.shape[1]
     device = accept_index.device

@@ -1,7 +1,7 @@
 """Compile the decode round's glue kernels at start-up, for every verify width the server may choose.
 
 Triton compiles a kernel the first time it is launched with a new set of compile-time constants (on an H200 about
-0.9 s each). The glue's constants follow the verify width only (``_triton_glue``: NB, WB per power of two; the batch
+0.9 s each). The glue's constants follow the verify width only (``_triton_glue``: NB, DB per power of two; the batch
 size is a runtime value), so without a warm-up the first round at each width stalls for a few seconds, in the
 middle of serving. With the auto budget that stall also lands in the first step-cost sample of the width, the
 estimate the per-step choice is made from.
@@ -9,10 +9,9 @@ estimate the per-step choice is made from.
 ``warm_round_kernels`` runs the round's glue once per candidate on a one-request batch of dummy tensors made with the
 round's own dtypes and row strides (the same variants are compiled): the tree from drafter logits (or, at TP > 1, from
 gathered candidate lists), the candidate's tree (``tree_prefix``, ``chain_tree``), the verify arrays with and
-without the backend's mask buffer, the greedy walk, the commit plan and the KV move kernel (on a dummy buffer: the
-plan moves nothing), and the fused walk + commit (+ move) kernel of greedy rounds. It touches no server state. The
-worker runs it after its CUDA graphs are captured (``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it
-in Triton's interpreter.
+without the backend's mask buffer, and the walk + commit plan + KV move kernel (on a dummy buffer: the plan moves
+nothing). It touches no server state. The worker runs it after its CUDA graphs are captured
+(``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ def warm_round_kernels(
         index_dtype: ``req_to_token``'s dtype (the verify's KV locations); seq_dtype: ``seq_lens``' dtype.
         mask_dtype: the attention backend's verify-mask buffer dtype, None when it has none.
         tp_world: tensor-parallel ranks (> 1: the tree is built from gathered candidate lists, as the round does).
-        move_kernel: whether the round moves KV with ``_triton_glue.move_kv`` (a slot-major pool).
+        move_kernel: whether the round's ``_triton_glue.walk_commit`` moves the KV itself (a slot-major pool).
 
     Returns:
         {"widths": the verify widths warmed (budget + 1 per candidate), "seconds": wall time}.
@@ -94,20 +93,17 @@ def warm_round_kernels(
         for buffer in buffers:
             arrays = build_verify_arrays(verified, roots, prefix, 1, req_to_token, rows, buffer, backend=backend)
         target = torch.full((1, m), -1, dtype=torch.int64, device=device)  # no draft token matches: nothing moves
-        index, length, bonus = greedy_walk(verified, target, backend=backend)  # sampling rounds: walk, plan, move
-        plan = commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix,
-                           backend=backend)
         if backend == "triton":
-            from ._triton_glue import move_kv, walk_commit
+            from ._triton_glue import walk_commit
 
             pool = torch.zeros((req_to_token.numel(), 16), dtype=torch.uint8, device=device)  # every location
             table = (torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=device),
                      torch.tensor([16], dtype=torch.int64, device=device))
-            if move_kernel:
-                move_kv(plan.move_src, plan.move_dst, *table)
-            # greedy rounds: walk + plan (+ moves) in one launch
             walk_commit(verified.parents, verified.tokens, target, verified.max_depth, arrays.slots,
                         arrays.out_cache_loc, prefix, table if move_kernel else None)
+        else:
+            index, length, bonus = greedy_walk(verified, target, backend=backend)
+            commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix)
         widths.append(m)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

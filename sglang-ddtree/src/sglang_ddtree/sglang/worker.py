@@ -24,13 +24,13 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    materialised from the accepted nodes' hidden states.
 
 On CUDA, steps 2-4 are a handful of kernels: the tree (three Triton launches, captured in the drafter's graphs at
-TP = 1), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), then for greedy and seeded rounds
-``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves, rows; and the KV moves of every
-layer, only for requests that need one, in one launch; sampling rounds: the walk, ``_triton_glue.commit_plan`` and
-``_triton_glue.move_kv``), compiled at start-up for every width the server may verify (``warmup.py``, after the
-CUDA graphs); outputs of one dtype share one allocation (``_alloc.carve``). Everything that depends
-only on the configuration or the SGLang version (TP group, vocabulary, the verify-preparation call, the mamba
-tracking interval; the KV pool's buffer table at the first commit) is resolved once, never per step. No per-request
+TP = 1), ``_triton_glue.verify_prep`` (all verify arrays and the mask cells), the target's token at every node
+(argmax, or a sampled token) and ``_triton_glue.walk_commit`` (the walk, the commit plan: tokens, lengths, moves,
+rows; and the KV moves of every layer, only for requests that need one, in one launch), compiled at start-up for
+every width the server may verify (``warmup.py``, after the CUDA graphs); outputs of one dtype share one
+allocation (``_alloc.carve``). Everything that depends only on the configuration or the SGLang version (TP group,
+vocabulary, the verify-preparation call, the mamba tracking interval; the KV pool's buffer table at the first
+round) is resolved once, never per step. No per-request
 Python loops and no host synchronisation in steps 2-4 (only DFLASH's own host bookkeeping).
 
 GPU-only: this module is imported lazily by the registered worker factory. Its tensor helpers
@@ -48,7 +48,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..budget import BUDGET_ENV, CHAIN, fixed_budget_report, parse_budget_option, tree_prefix
 from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, resolve_backend
-from ..verify import greedy_walk, sampling_walk
+from ..verify import greedy_walk, sample_tokens
 from . import testing
 from .commit import CommitPlan, commit_plan, tree_mamba_commit_indices
 from .draft_head import DraftCaptured, TreeDraftHead
@@ -65,9 +65,6 @@ __all__ = ["DDTreeWorker"]
 #: pair's DDTREE-16 step from 1.23x DFLASH's to 1.03x at batch 1, with the same tokens.
 TREE_IN_GRAPH_ENV = "SGLANG_DDTREE_TREE_IN_GRAPH"
 TREE_IN_GRAPH_DEFAULT = "1"
-#: ``0``: greedy rounds walk, plan the commit and move the KV in three launches, as sampling rounds do, instead of
-#: ``_triton_glue.walk_commit``'s one (the A/B switch of bench/gpu/step_cost.py; read once at start-up).
-FUSED_COMMIT_ENV = "SGLANG_DDTREE_FUSED_COMMIT"
 
 
 def lm_head_problem(lm_head: Any) -> str | None:
@@ -127,7 +124,6 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
     _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
     _ddtree_head: TreeDraftHead | None = None  # the tree inside the drafter's CUDA graphs (draft_head.py)
-    _ddtree_fused_commit = True  # greedy rounds: walk + plan + moves in one launch (FUSED_COMMIT_ENV)
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -171,7 +167,6 @@ class DDTreeWorker(DFlashWorkerV2):
         from .verify_spec_input import DDTreeVerifyInput
 
         self._ddtree_glue = resolve_backend(None, torch.device(self.device))
-        self._ddtree_fused_commit = os.environ.get(FUSED_COMMIT_ENV, "1") != "0"
         self._ddtree_tp_group = resolve_tp_group(int(getattr(self.server_args, "tp_size", 1) or 1))
         self._ddtree_vocab_size = int(self.model_runner.model_config.vocab_size)
         # 0.5.23's prepare_for_verify takes defer_metadata_init; 0.5.17's does not.
@@ -451,13 +446,11 @@ class DDTreeWorker(DFlashWorkerV2):
                                    mask_buffer, backend=self._ddtree_glue)
 
     # --- 4) accept and commit --------------------------------------------------------------------------------
-    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any, prefix_lens=None,
-                       kv_pool=None):
-        """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan or None, KV moved: bool).
-
-        Greedy and seeded rounds on the Triton glue with ``prefix_lens`` walk, plan the commit and (with a fused
-        move table of ``kv_pool``) move the KV in one launch (``_triton_glue.walk_commit``); otherwise the plan is
-        None and the caller makes it (``commit.commit_plan``) and moves the KV.
+    def _ddtree_target_tokens(self, arrays, next_token_logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
+        """int64 [bs, M]: the target's token at every node, which the walk follows: the argmax (greedy), the token
+        SGLang's seeded sampler draws there (same seed, same position as without speculation), or a draw from the
+        node's filtered distribution with its own uniform (``verify.sample_tokens``: the walk over these is
+        ``verify.sampling_walk``, exactly lossless).
 
         First SGLang's own DFLASH verify adjustments (``apply_dflash_verify_logits_adjustments``: custom logit
         processors, the penalizers' accumulated penalties of the committed output, min_new_tokens, logit_bias)
@@ -472,32 +465,36 @@ class DDTreeWorker(DFlashWorkerV2):
                 next_token_logits=next_token_logits, sampling_info=sampling_info, draft_token_num=m
             )
         logits = next_token_logits.view(bs, m, -1)
-        greedy = sampling_info is None or getattr(sampling_info, "is_all_greedy", True)
-        seeded = not greedy and getattr(sampling_info, "sampling_seed", None) is not None
-        if greedy or seeded:
-            # seeded sampling: every node's token drawn exactly as SGLang's sampler draws it without speculation
-            # (same seed, same position), then the walk follows those tokens like the target's argmax
-            target_predict = (
-                _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m)) if seeded
-                else torch.argmax(logits, dim=-1)
-            )
-            if self._ddtree_glue == "triton" and self._ddtree_fused_commit and prefix_lens is not None:
-                from ._triton_glue import walk_commit
-
-                table = None if kv_pool is None else self._ddtree_fused_move_table(kv_pool)
-                index, length, bonus, plan = walk_commit(
-                    tree.parents, tree.tokens, target_predict, tree.max_depth, arrays.slots, arrays.out_cache_loc,
-                    prefix_lens, table,
-                )
-                return index, length, bonus, CommitPlan(**plan), table is not None
-            return (*greedy_walk(tree, target_predict, backend=self._ddtree_glue), None, False)
-        probs = _target_probs(logits, sampling_info)
+        if sampling_info is None or getattr(sampling_info, "is_all_greedy", True):
+            return torch.argmax(logits, dim=-1)
+        if getattr(sampling_info, "sampling_seed", None) is not None:
+            return _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m))
         uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
-        return (*sampling_walk(tree, probs, uniforms), None, False)
+        return sample_tokens(_target_probs(logits, sampling_info), uniforms)
+
+    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any, prefix_lens=None,
+                       kv_pool=None):
+        """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan or None, KV moved: bool): the walk
+        along ``_ddtree_target_tokens``.
+
+        On the Triton glue with ``prefix_lens``, one launch walks, plans the commit and (with the move table of
+        ``kv_pool``) moves the KV (``_triton_glue.walk_commit``); otherwise the plan is None and the caller makes it
+        (``commit.commit_plan``) and moves the KV through the pool."""
+        target = self._ddtree_target_tokens(arrays, next_token_logits, sampling_info)
+        if self._ddtree_glue == "triton" and prefix_lens is not None:
+            from ._triton_glue import walk_commit
+
+            table = None if kv_pool is None else self._ddtree_fused_move_table(kv_pool)
+            index, length, bonus, plan = walk_commit(
+                tree.parents, tree.tokens, target, tree.max_depth, arrays.slots, arrays.out_cache_loc, prefix_lens,
+                table,
+            )
+            return index, length, bonus, CommitPlan(**plan), table is not None
+        return (*greedy_walk(tree, target, backend=self._ddtree_glue), None, False)
 
     def _ddtree_fused_move_table(self, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The buffer table of the fused move kernel on ``kv_pool`` (``slot_move_table``), or None when moves go
-        through the pool's own ``move_kv_cache``; resolved once, at the glue's warm-up or the first commit."""
+        """The buffer table ``walk_commit`` moves the KV of ``kv_pool`` with (``slot_move_table``), or None when
+        moves go through the pool's own ``move_kv_cache``; resolved once, at the glue's warm-up or the first round."""
         if not self._ddtree_move_table_resolved:
             # The fused kernel indexes the buffers with the verify's locations as they are: not where SGLang
             # translates virtual KV locations to physical ones (0.5.23's unified pools); the pool's own move does.
@@ -508,15 +505,9 @@ class DDTreeWorker(DFlashWorkerV2):
         return self._ddtree_move_table
 
     def _ddtree_commit_kv(self, kv_pool, plan) -> None:
-        """Apply the plan's KV moves: the fused kernel on a slot-major pool (requests whose path followed the chain
-        cost nothing), else the pool's own ``move_kv_cache`` (no-move entries become the padding slot 0's
-        0 -> 0)."""
-        table = self._ddtree_fused_move_table(kv_pool)
-        if table is not None:
-            from ._triton_glue import move_kv
-
-            move_kv(plan.move_src, plan.move_dst, *table)
-            return
+        """Apply the plan's KV moves through the pool's own ``move_kv_cache`` (no-move entries become the padding
+        slot 0's 0 -> 0): rounds whose ``walk_commit`` had no move table (pools without one, translated KV
+        locations, the torch glue)."""
         zero = torch.zeros_like(plan.move_src)
         kv_pool.move_kv_cache(torch.where(plan.move_dst >= 0, plan.move_dst, zero).reshape(-1),
                               torch.where(plan.move_src >= 0, plan.move_src, zero).reshape(-1))
@@ -672,7 +663,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_auto.observe(candidate, tree, accept_index, accept_len)
         if plan is None:
             plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
-                               prefix_lens, backend=self._ddtree_glue)
+                               prefix_lens)
         if testing.STATS_FILE:
             record = {
                 "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
