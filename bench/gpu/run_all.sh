@@ -22,7 +22,8 @@
 # verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
 # attention with and without the tree mask at 16 and 17 tokens). lossless-shape: bench/gpu/lossless.py (tie-aware greedy
 # identity, oracle-forced deep and branching acceptance, graph vs eager) on the Qwen3.6-27B hybrid shape
-# (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS. COST_AB_TREE=1:
+# (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS and
+# CONTEXT_BATCHES (default 32768=1,8: batches 1 and 8 at 32k tokens). COST_AB_TREE=1:
 # cost-8b and cost-tiny also time DDTREE with the tree built after the drafter pass (SGLANG_DDTREE_TREE_IN_GRAPH=0);
 # COST_AB_ARGS adds step_cost.py arguments to both (e.g. "--ab sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang").
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
@@ -152,7 +153,7 @@ run_step() {
           --repeats ${COST_REPEATS:-5}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
-          --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '32768=1,8' --algos DFLASH,DDTREE \
+          --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '${CONTEXT_BATCHES:-32768=1,8}' --algos DFLASH,DDTREE \
           --repeats ${COST_REPEATS:-3}" ;;
     cost-tiny) read -r -a ab_args <<<"${COST_AB_ARGS:-}"  # several arguments
       step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
