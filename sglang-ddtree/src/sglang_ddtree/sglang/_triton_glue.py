@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .._alloc import carve
+from .._triton_walk import walk_request
 
 __all__ = ["verify_prep", "walk_commit"]
 
@@ -176,26 +177,10 @@ def _walk_commit_kernel(
     b = tl.program_id(0).to(tl.int64)
     buf = tl.program_id(1)
     w = D + 1
-    i = tl.arange(0, NB)
-    inside = i < M
-    par = tl.load(par_ptr + b * M + i, mask=inside, other=-2)
-    tok = tl.load(tok_ptr + b * (M - 1) + i - 1, mask=inside & (i >= 1), other=-1)
-    tgt = tl.load(tgt_ptr + b * M + i, mask=inside, other=-1)
     # the walk (verify.greedy_walk): from the root, the child whose token is the target's token at the current node
-    big = 1 << 30
+    i, tgt, path, length, cur = walk_request(par_ptr, tok_ptr, tgt_ptr, b, M, D, NB, DB)
+    inside = i < M
     k = tl.arange(0, DB)
-    path = tl.where(k == 0, 0, -1).to(tl.int64)
-    cur = tl.min(tl.where(i == 0, i, big), axis=0)  # 0, as a tensor
-    length = cur
-    alive = cur == 0
-    for _ in range(D):
-        want = tl.sum(tl.where(i == cur, tgt, 0), axis=0)
-        hit = (par == cur) & (tok == want) & inside & (i >= 1)
-        nxt = tl.min(tl.where(hit, i, big), axis=0)
-        alive = alive & (nxt < big)
-        length = length + alive.to(tl.int32)
-        path = tl.where((k == length) & alive, nxt.to(tl.int64), path)
-        cur = tl.where(alive, nxt, cur)
     # the plan (commit.commit_plan): the KV of path entry k moves to the slot verified at offset k
     kin = k < w
     node = tl.where(path >= 0, path, 0)
