@@ -25,7 +25,9 @@
 # (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS and
 # CONTEXT_BATCHES (default 32768=1,8: batches 1 and 8 at 32k tokens). COST_AB_TREE=1:
 # cost-8b and cost-tiny also time DDTREE with the tree built after the drafter pass (SGLANG_DDTREE_TREE_IN_GRAPH=0);
-# COST_AB_ARGS adds step_cost.py arguments to both (e.g. "--ab sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang").
+# COST_AB_ARGS adds step_cost.py arguments to both and to cost-pair (e.g. "--ab
+# sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang"; "--ab auto:SGLANG_DDTREE_BUDGET=auto" on cost-pair ranks the
+# host time the auto budget adds to a round of the same widest tree).
 # cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
 # ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
 # http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
@@ -163,9 +165,10 @@ run_step() {
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/lossless.py --models '$STATE/shape-hybrid' --work '$STATE/lossless-shape' --label hybrid \
           --budgets ${SHAPE_BUDGETS:-16} --result '$STATE/lossless-shape/lossless-qwen36-27b-hybrid-shape.json'" ;;
-    cost-pair) step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
+    cost-pair) read -r -a ab_args <<<"${COST_AB_ARGS:-}"  # e.g. "--ab auto:SGLANG_DDTREE_BUDGET=auto"
+      step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
         --label trained-pair --contexts 128 --batches 1,8 --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
-        --repeats 3 ;;
+        --repeats 3 "${ab_args[@]}" ;;
     http-semantics) step http-semantics python3 bench/gpu/http_semantics.py --models "$S/models" --work "$STATE/http-semantics" --budget "${HTTP_BUDGET:-16}" ;;
     *) echo "unknown step $1" >&2; return 2 ;;
   esac
