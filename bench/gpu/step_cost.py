@@ -327,6 +327,10 @@ def main() -> int:
                 print(f"DDTREE {label}: batch {r['batch']} context {r['context']}: {ms:.2f} ms ({ratio} of DFLASH), "
                       f"launches {fmt(r.get(f'{key}_launches'), 1)}, same tokens as DDTREE "
                       f"{same(r.get(f'{key}_greedy_vs_ddtree'))}")
+                grown = host_difference(r.get("ddtree_host_self_us"), r.get(f"{key}_host_self_us"))
+                if grown:
+                    print(f"host self time DDTREE {label} - DDTREE per step (us, under the profiler): "
+                          + "; ".join(f"{name} {us:+.1f}" for name, us in grown))
         extra = host_difference(r.get("dflash_host_self_us"), r.get("ddtree_host_self_us"))
         if extra:
             print(f"host self time DDTREE - DFLASH per step, batch {r['batch']}, context {r['context']} (us, under the "

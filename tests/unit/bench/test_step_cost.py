@@ -138,11 +138,11 @@ def test_parse_ab_reads_label_and_environment():
             step_cost.parse_ab([bad])
 
 
-def _record(ms: float, outputs: list[list[int]], launches: float) -> dict:
+def _record(ms: float, outputs: list[list[int]], launches: float, host: dict | None = None) -> dict:
     return {"sglang": "0.5.17", "gpu": "stand-in", "speed": [{"batch": 1, "ms_per_step": ms, "outputs": outputs}],
             "profile": [{"batch": 1, "launches_per_step": launches, "syncs_per_step": 1.0,
                          "gpu_busy_ms_per_step": 0.3, "kernel_us_per_step": {},
-                         "host_self_us_per_step": {"a": 1.0}, "host_inclusive_us_per_step": {}}]}
+                         "host_self_us_per_step": host or {"a": 1.0}, "host_inclusive_us_per_step": {}}]}
 
 
 def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch, capsys):
@@ -155,7 +155,7 @@ def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch,
     records = {
         "cost-DFLASH-128.json": _record(2.0, [[1, 2, 3]], 40.0),
         "cost-DDTREE16-128.json": _record(3.0, [[1, 2, 3]], 50.0),
-        "cost-DDTREE16-128-tree-after-pass.json": _record(2.5, [[1, 2, 9]], 45.0),
+        "cost-DDTREE16-128-tree-after-pass.json": _record(2.5, [[1, 2, 9]], 45.0, {"a": 1.0, "build_tree": 5.0}),
     }
     for name, rec in records.items():
         (work / name).write_text(json.dumps(rec))
@@ -169,4 +169,5 @@ def test_ab_engine_rows_carry_time_and_identity_to_ddtree(tmp_path, monkeypatch,
     assert row["meets_goal"] is False  # 1.5x DFLASH's step
     assert row["ddtree_tree_after_pass_greedy_vs_ddtree"] == {"identical": 0, "requests": 1, "first_divergence": [2]}
     out = capsys.readouterr().out
+    assert "host self time DDTREE tree-after-pass - DDTREE per step (us, under the profiler): build_tree +5.0" in out
     assert "DDTREE tree-after-pass: batch 1 context 128: 2.50 ms (1.250 of DFLASH), launches 45.0" in out
