@@ -13,8 +13,8 @@ from ._alloc import carve
 def walk_request(par_ptr, tok_ptr, tgt_ptr, b, M, D, NB: tl.constexpr, DB: tl.constexpr):
     """Request ``b``'s greedy walk, inside a kernel (also ``_triton_glue.walk_commit``'s), from i64 parents [B, M],
     draft tokens [B, M - 1] and the target's token at each node [B, M] -> (the node vector ``i = arange(NB)``, the
-    target's tokens over it, path [DB]: root first, then the accepted nodes, -1 padded; accepted drafts; the last
-    accepted node)."""
+    target's tokens over it, path [DB]: root first, then the accepted nodes, -1 padded; accepted drafts; the bonus:
+    the target's token at the last accepted node)."""
     i = tl.arange(0, NB)
     inside = i < M
     par = tl.load(par_ptr + b * M + i, mask=inside, other=-2)
@@ -34,7 +34,7 @@ def walk_request(par_ptr, tok_ptr, tgt_ptr, b, M, D, NB: tl.constexpr, DB: tl.co
         length = length + alive.to(tl.int32)
         path = tl.where((j == length) & alive, nxt.to(tl.int64), path)
         cur = tl.where(alive, nxt, cur)
-    return i, tgt, path, length, cur
+    return i, tgt, path, length, tl.sum(tl.where(i == cur, tgt, 0), axis=0).to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["N1", "D"])
@@ -51,11 +51,11 @@ def _walk_kernel(
     DB: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    i, tgt, path, length, cur = walk_request(par_ptr, tok_ptr, tgt_ptr, b, N1, D, NB, DB)
+    _, _, path, length, bonus = walk_request(par_ptr, tok_ptr, tgt_ptr, b, N1, D, NB, DB)
     j = tl.arange(0, DB)
     tl.store(o_index + b * (D + 1) + j, path, mask=j < D + 1)
     tl.store(o_len + b, length.to(tl.int64))
-    tl.store(o_bonus + b, tl.sum(tl.where(i == cur, tgt, 0), axis=0).to(tl.int64))
+    tl.store(o_bonus + b, bonus)
 
 
 def _next_pow2(n: int) -> int:

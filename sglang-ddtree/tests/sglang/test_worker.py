@@ -150,13 +150,17 @@ def _round_to_accept(bs: int, vocab: int):
     return worker, tree, arrays, logits, target
 
 
+def _accept(worker, tree, arrays, next_token_logits, sampling_info):
+    """The walk along the worker's target tokens (``_ddtree_target_tokens``), as its round walks them on CPU."""
+    return greedy_walk(tree, worker._ddtree_target_tokens(arrays, next_token_logits, sampling_info))
+
+
 def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
     worker, tree, arrays, logits, target = _round_to_accept(bs := 3, vocab := 40)
     m = worker.ddtree_num_nodes
     ref = greedy_walk(tree, target)
-    got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), None)
-    assert got[3:] == (None, False)  # torch glue: the caller plans the commit and moves the KV
-    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
+    got = _accept(worker, tree, arrays, logits.view(bs * m, vocab), None)
+    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
     assert int(ref[1].max()) > 0
     sampling = StandInSamplingInfo(
         bs,
@@ -165,8 +169,8 @@ def test_accept_greedy_and_top_k_one_sampling_agree_with_the_core_walk():
         top_ks=torch.ones(bs, dtype=torch.int64),  # top-k 1: sampling must reproduce greedy exactly
         top_ps=torch.ones(bs),
     )
-    sampled = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab), sampling)
-    assert all(torch.equal(x, y) for x, y in zip(sampled[:3], ref, strict=True))
+    sampled = _accept(worker, tree, arrays, logits.view(bs * m, vocab), sampling)
+    assert all(torch.equal(x, y) for x, y in zip(sampled, ref, strict=True))
 
 
 class StandInSamplingInfo(SimpleNamespace):
@@ -195,8 +199,8 @@ def test_accept_applies_sglangs_verify_adjustments_to_every_node():
     adjusted = logits.view(bs * m, vocab).clone() + bias.repeat_interleave(m, dim=0)
     ref = greedy_walk(tree, adjusted.view(bs, m, vocab).argmax(-1))
     info = StandInSamplingInfo(bs, logit_bias=bias)
-    got = worker._ddtree_accept(tree, arrays, logits.view(bs * m, vocab).clone(), info)
-    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
+    got = _accept(worker, tree, arrays, logits.view(bs * m, vocab).clone(), info)
+    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
     assert not torch.equal(got[0][b], unbiased[0][b])  # the banned token is no longer accepted
     others = [i for i in range(bs) if i != b]
     assert torch.equal(got[0][others], unbiased[0][others])  # other requests unaffected
@@ -644,17 +648,17 @@ def test_seeded_sampling_draws_every_node_as_sglangs_sampler_and_walks_those_tok
             sampling_seed=torch.tensor([seed, seed + 1, seed + 2]),
         )
 
-    got = worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
+    got = _accept(worker, tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
     probs = torch.softmax(logits.reshape(bs * m, vocab) / 0.9, dim=-1)
     expected = sampler.top_k_top_p_min_p_sampling_from_probs_torch(
         probs, torch.full((bs * m,), 30), torch.full((bs * m,), 0.95), None, False,
         torch.tensor([7, 8, 9]).repeat_interleave(m), arrays.positions,
     ).view(bs, m).to(torch.int64)
     ref = greedy_walk(tree, expected)
-    assert all(torch.equal(x, y) for x, y in zip(got[:3], ref, strict=True))
-    again = worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
-    assert all(torch.equal(x, y) for x, y in zip(again[:3], got[:3], strict=True))
-    others = [worker._ddtree_accept(tree, arrays, logits.reshape(bs * m, vocab).clone(), info(s))[2] for s in range(20)]
+    assert all(torch.equal(x, y) for x, y in zip(got, ref, strict=True))
+    again = _accept(worker, tree, arrays, logits.reshape(bs * m, vocab).clone(), info(7))
+    assert all(torch.equal(x, y) for x, y in zip(again, got, strict=True))
+    others = [_accept(worker, tree, arrays, logits.reshape(bs * m, vocab).clone(), info(s))[2] for s in range(20)]
     assert len({tuple(o.tolist()) for o in others}) > 1  # the seed matters
 
 

@@ -178,7 +178,7 @@ def _walk_commit_kernel(
     buf = tl.program_id(1)
     w = D + 1
     # the walk (verify.greedy_walk): from the root, the child whose token is the target's token at the current node
-    i, tgt, path, length, cur = walk_request(par_ptr, tok_ptr, tgt_ptr, b, M, D, NB, DB)
+    i, tgt, path, length, bonus = walk_request(par_ptr, tok_ptr, tgt_ptr, b, M, D, NB, DB)
     inside = i < M
     k = tl.arange(0, DB)
     # the plan (commit.commit_plan): the KV of path entry k moves to the slot verified at offset k
@@ -192,10 +192,9 @@ def _walk_commit_kernel(
     dst = tl.sum(tl.where(slot[None, :] == k[:, None], loc[None, :], 0), axis=1)
     move = live & (src != dst)
     if buf == 0:
-        length64 = length.to(tl.int64)
         tl.store(o_index + b * w + k, path, mask=kin)
-        tl.store(o_len + b, length64)
-        tl.store(o_bonus + b, tl.sum(tl.where(i == cur, tgt, 0), axis=0).to(tl.int64))
+        tl.store(o_len + b, length.to(tl.int64))
+        tl.store(o_bonus + b, bonus)
         # emitted token k: the target's token at path node k (the next accepted draft, then the bonus)
         out = tl.sum(tl.where(on_path, tgt[None, :], 0), axis=1)
         tl.store(o_out + b * w + k, tl.where(live, out, 0), mask=kin)

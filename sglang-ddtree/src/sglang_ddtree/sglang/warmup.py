@@ -96,11 +96,13 @@ def warm_round_kernels(
         if backend == "triton":
             from ._triton_glue import walk_commit
 
-            pool = torch.zeros((req_to_token.numel(), 16), dtype=torch.uint8, device=device)  # every location
-            table = (torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=device),
-                     torch.tensor([16], dtype=torch.int64, device=device))
+            table = None
+            if move_kernel:
+                pool = torch.zeros((req_to_token.numel(), 16), dtype=torch.uint8, device=device)  # every location
+                table = (torch.tensor([pool.data_ptr()], dtype=torch.uint64, device=device),
+                         torch.tensor([16], dtype=torch.int64, device=device))
             walk_commit(verified.parents, verified.tokens, target, verified.max_depth, arrays.slots,
-                        arrays.out_cache_loc, prefix, table if move_kernel else None)
+                        arrays.out_cache_loc, prefix, table)
         else:
             index, length, bonus = greedy_walk(verified, target, backend=backend)
             commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix)

@@ -472,25 +472,27 @@ class DDTreeWorker(DFlashWorkerV2):
         uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
         return sample_tokens(_target_probs(logits, sampling_info), uniforms)
 
-    def _ddtree_accept(self, tree, arrays, next_token_logits: torch.Tensor, sampling_info: Any, prefix_lens=None,
-                       kv_pool=None):
-        """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan or None, KV moved: bool): the walk
-        along ``_ddtree_target_tokens``.
-
-        On the Triton glue with ``prefix_lens``, one launch walks, plans the commit and (with the move table of
-        ``kv_pool``) moves the KV (``_triton_glue.walk_commit``); otherwise the plan is None and the caller makes it
-        (``commit.commit_plan``) and moves the KV through the pool."""
-        target = self._ddtree_target_tokens(arrays, next_token_logits, sampling_info)
-        if self._ddtree_glue == "triton" and prefix_lens is not None:
+    def _ddtree_walk_commit(self, tree, arrays, target: torch.Tensor, prefix_lens, kv_pool):
+        """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan) of the walk along ``target``
+        (``_ddtree_target_tokens``), the plan's KV moves applied: on the Triton glue one launch walks, plans and
+        (with the pool's move table) moves (``_triton_glue.walk_commit``); otherwise the core's walk,
+        ``commit.commit_plan`` and the pool's own move (``_ddtree_commit_kv``)."""
+        if self._ddtree_glue == "triton":
             from ._triton_glue import walk_commit
 
-            table = None if kv_pool is None else self._ddtree_fused_move_table(kv_pool)
-            index, length, bonus, plan = walk_commit(
+            table = self._ddtree_fused_move_table(kv_pool)
+            index, length, bonus, fields = walk_commit(
                 tree.parents, tree.tokens, target, tree.max_depth, arrays.slots, arrays.out_cache_loc, prefix_lens,
                 table,
             )
-            return index, length, bonus, CommitPlan(**plan), table is not None
-        return (*greedy_walk(tree, target, backend=self._ddtree_glue), None, False)
+            plan = CommitPlan(**fields)
+        else:
+            table = None
+            index, length, bonus = greedy_walk(tree, target, backend=self._ddtree_glue)
+            plan = commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens, prefix_lens)
+        if table is None:
+            self._ddtree_commit_kv(kv_pool, plan)
+        return index, length, bonus, plan
 
     def _ddtree_fused_move_table(self, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The buffer table ``walk_commit`` moves the KV of ``kv_pool`` with (``slot_move_table``), or None when
@@ -506,7 +508,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_commit_kv(self, kv_pool, plan) -> None:
         """Apply the plan's KV moves through the pool's own ``move_kv_cache`` (no-move entries become the padding
-        slot 0's 0 -> 0): rounds whose ``walk_commit`` had no move table (pools without one, translated KV
+        slot 0's 0 -> 0): rounds without a move table for ``walk_commit`` (pools without one, translated KV
         locations, the torch glue)."""
         zero = torch.zeros_like(plan.move_src)
         kv_pool.move_kv_cache(torch.where(plan.move_dst >= 0, plan.move_dst, zero).reshape(-1),
@@ -655,15 +657,12 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.target_worker.model_runner, verify_forward_batch, logits_output.next_token_logits, snapshot
             )
 
-        kv_pool = self.model_runner.token_to_kv_pool
-        accept_index, accept_len, bonus, plan, moved = self._ddtree_accept(
-            tree, arrays, logits_output.next_token_logits, batch.sampling_info, prefix_lens, kv_pool
+        target = self._ddtree_target_tokens(arrays, logits_output.next_token_logits, batch.sampling_info)
+        accept_index, accept_len, bonus, plan = self._ddtree_walk_commit(
+            tree, arrays, target, prefix_lens, self.model_runner.token_to_kv_pool
         )
         if candidate is not None:
             self._ddtree_auto.observe(candidate, tree, accept_index, accept_len)
-        if plan is None:
-            plan = commit_plan(accept_index, accept_len, bonus, arrays.slots, arrays.out_cache_loc, tree.tokens,
-                               prefix_lens)
         if testing.STATS_FILE:
             record = {
                 "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
@@ -674,8 +673,6 @@ class DDTreeWorker(DFlashWorkerV2):
                 record["graph_vs_eager_max_abs"], record["graph_vs_eager_argmax_diff"] = check
             testing.write_stats(record)
 
-        if not moved:
-            self._ddtree_commit_kv(kv_pool, plan)
         if self._need_mamba_verify_commit:
             self._ddtree_mamba_commit(batch, accept_index, accept_len, seq_lens_pre_verify,
                                       self._ddtree_track_interval_value, plan.last_node,
