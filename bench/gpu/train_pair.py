@@ -401,12 +401,20 @@ def continuations(s: Settings, model, train_rows: torch.Tensor, device, log) -> 
     prompts = torch.stack(
         [train_rows[r, o : o + s.gen_prompt_len] for r, o in zip(rows.tolist(), offs.tolist(), strict=True)]
     )
-    seqs, feats = [], []
+    # Filled in place: 32768 continuations' features are 24 GiB in bf16, and a list joined at the end held them twice
+    # (out of memory on an H100 beside a serving engine, 12-06).
+    length = s.gen_prompt_len + s.gen_new_tokens
+    seqs = torch.empty(s.gen_sequences, length, dtype=torch.long, device=device)
+    feats = None
     for i in range(0, s.gen_sequences, s.gen_batch):
         seq = greedy_continue(model, prompts[i : i + s.gen_batch].to(device), s.gen_new_tokens)
         out = model.model(input_ids=seq, output_hidden_states=True)
-        seqs.append(seq)
-        feats.append(torch.cat([out.hidden_states[j + 1] for j in s.target_layer_ids], dim=-1))
+        chunk = torch.cat([out.hidden_states[j + 1] for j in s.target_layer_ids], dim=-1)
+        if feats is None:
+            feats = torch.empty(s.gen_sequences, length, chunk.shape[-1], dtype=chunk.dtype, device=device)
+        seqs[i : i + seq.shape[0]] = seq
+        feats[i : i + seq.shape[0]] = chunk
+        del out, chunk
     log["continuations"] = {
         "sequences": s.gen_sequences,
         "prompt_len": s.gen_prompt_len,
@@ -414,7 +422,7 @@ def continuations(s: Settings, model, train_rows: torch.Tensor, device, log) -> 
         "seconds": round(time.time() - start, 1),
     }
     print(f"continuations: {s.gen_sequences} x {s.gen_new_tokens} tokens in {time.time() - start:.0f} s", flush=True)
-    return torch.cat(seqs), torch.cat(feats)
+    return seqs, feats
 
 
 # ---- drafter ------------------------------------------------------------------------------------------------------
