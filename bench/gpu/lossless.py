@@ -81,19 +81,23 @@ def summarize_stats(rounds: list[dict]) -> dict:
     widths: Counter = Counter()  # verify width -> (rounds, rounds replayed from graphs): the auto budget's widths
     graphed: Counter = Counter()
     nonfirst = 0
-    diffs, argmax_diff, graph_rounds = [], 0, 0
+    diffs, argmax_diff, graph_rounds, tree_in_graph = [], 0, 0, 0
     for rec in rounds:
         hist.update(rec["accept_len"])
         widths[rec.get("width")] += 1
         graphed[rec.get("width")] += bool(rec.get("graph"))
         nonfirst += sum(rec["nonfirst"])
         graph_rounds += bool(rec.get("graph"))
+        tree_in_graph += bool(rec.get("tree_in_graph"))
         if "graph_vs_eager_max_abs" in rec:
             diffs.append(rec["graph_vs_eager_max_abs"])
             argmax_diff += rec["graph_vs_eager_argmax_diff"]
     return {
         "rounds": len(rounds),
         "graph_rounds": graph_rounds,
+        # rounds whose draft tree was built inside the drafter's CUDA graphs (the default; the test oracle and
+        # SGLANG_DDTREE_TREE_IN_GRAPH=0 build it after the pass)
+        "tree_in_graph_rounds": tree_in_graph,
         "accepted_depth_histogram": {str(k): hist[k] for k in sorted(hist)},
         "max_accepted_depth": max(hist) if hist else 0,
         "nonfirst_sibling_accepts": nonfirst,

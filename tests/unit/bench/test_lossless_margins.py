@@ -54,3 +54,16 @@ def test_weights_on_disk_keep_the_fp32_measure(tmp_path):
     models = _config_only(tmp_path)
     (models / "target" / "model.safetensors").write_bytes(b"")
     assert lossless.has_weights(models)
+
+
+def test_round_summary_counts_rounds_whose_tree_was_built_in_the_drafter_graph():
+    rounds = [
+        {"accept_len": [3], "nonfirst": [1], "width": 17, "graph": True, "tree_in_graph": True},
+        {"accept_len": [1, 0], "nonfirst": [0, 0], "width": 17, "graph": True, "tree_in_graph": False},
+        {"accept_len": [2], "nonfirst": [0], "width": 9, "graph": False},  # a record written before the field
+    ]
+    summary = lossless.summarize_stats(rounds)
+    assert summary["tree_in_graph_rounds"] == 1
+    assert summary["graph_rounds"] == 2
+    assert summary["rounds_by_width"] == {"17": [2, 2], "9": [1, 0]}
+    assert summary["accepted_depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 1}

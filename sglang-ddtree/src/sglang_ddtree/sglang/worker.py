@@ -591,6 +591,7 @@ class DDTreeWorker(DFlashWorkerV2):
         block_positions = self._draft_block_positions_buf[:bs].reshape(-1)
         block_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
 
+        tree_in_graph = tree is not None
         if tree is None:
             force = None
             if testing.ORACLE_FILE:
@@ -665,7 +666,8 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_auto.observe(candidate, tree, accept_index, accept_len)
         if testing.STATS_FILE:
             record = {
-                "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "accept_len": accept_len.tolist(),
+                "bs": bs, "width": m, "graph": bool(target_out.can_run_cuda_graph), "tree_in_graph": tree_in_graph,
+                "accept_len": accept_len.tolist(),
                 "nonfirst": testing.nonfirst_accepts(tree, accept_index, accept_len).tolist(),
                 "moves": int((plan.move_src >= 0).sum()),
             }
