@@ -3,7 +3,7 @@
 ``SGLANG_DDTREE_BUDGET=auto`` adds host work to every decode round of the DDTREE worker: ``AutoBudget.begin_step``
 (read finished step timings, the choice over the measured cost table) and ``end_step`` (close the step's timing).
 On a GPU the timings are CUDA events; here the CPU clock stands in for them, which is the same bookkeeping. The
-expectations and the calibration (GPU tensor work, every 4th step) are not timed here: they are kernels, measured
+expectations and the calibration (GPU tensor work, every 16th step) are not timed here: they are kernels, measured
 with the step on the GPU (bench/gpu/).
 
 For each batch-size pattern it runs ``--steps`` steps after a warm-up and prints the median over ``--repeats``

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sglang_ddtree.budget import CHAIN, expected_accept_length
-from sglang_ddtree.sglang.auto_budget import AutoBudget, capture_verify_widths, select_width, verify_width
+from sglang_ddtree.sglang.auto_budget import SAMPLE_EVERY, AutoBudget, capture_verify_widths, select_width, verify_width
 
 
 class StandInBackend:
@@ -256,16 +256,18 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     assert other.stats_path is None
 
 
-def test_expectations_and_calibration_are_sampled_every_fourth_step():
-    """About 20 small kernels each: the expectations and the calibration are updated on steps 1, 5, 9, ... only."""
+def test_expectations_and_calibration_are_sampled_every_sixteenth_step():
+    """About 100 small kernels together: the expectations and the calibration are updated on steps 1, 17, 33, ...
+    only (SAMPLE_EVERY)."""
     from sglang_ddtree.tree import build_tree
 
+    assert SAMPLE_EVERY == 16
     logits = torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(1))
     tree = build_tree(logits, 6, backend="torch")
     accept_index = torch.tensor([[0, 1, -1, -1], [0, -1, -1, -1]])
     auto = AutoBudget((CHAIN, 6), 4, torch.device("cpu"), clock=lambda: 0.0)
     sampled = []
-    for _ in range(9):
+    for _ in range(33):
         candidate = auto.begin_step(2)
         before = float(auto.calibration.predicted.sum())
         auto.expect(tree)
@@ -273,8 +275,8 @@ def test_expectations_and_calibration_are_sampled_every_fourth_step():
         sampled.append(float(auto.calibration.predicted.sum()) != before)
         auto.end_step()
         assert candidate in (CHAIN, 6)
-    assert sampled == [True, False, False, False, True, False, False, False, True]
-    # 3 samples: step 9's choice read the first (two samples earlier); the first had no calibration data yet
+    assert [i + 1 for i, s in enumerate(sampled) if s] == [1, 17, 33]
+    # 3 samples: step 33's choice read the first (two samples earlier); the first had no calibration data yet
     first = expected_accept_length(tree, (CHAIN, 6)).mean(dim=0).tolist()
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first)
     assert auto.stats()["expected_mean"] == pytest.approx({"chain": first[0], "6": first[1]}, abs=1e-4)

@@ -71,10 +71,13 @@ __all__ = [
     "verify_width",
 ]
 
-#: The expectations and the calibration are updated on every SAMPLE_EVERY-th step only (about 20 small kernels
-#: each; both drift slowly), and the choice uses the expectations sampled EXPECTATION_LAG samples earlier
-#: (copied without waiting).
-SAMPLE_EVERY = 4
+#: The expectations and the calibration are updated on every SAMPLE_EVERY-th step only, and the choice uses the
+#: expectations sampled EXPECTATION_LAG samples earlier (copied without waiting). One sample is about 100 small
+#: tensor ops (62 for the expectations of five candidates, 38 for the calibration; counted on the CPU, 12-06): at
+#: every 4th step that was 25 launches a step, half of what a whole DFLASH step launches, on a host-bound target
+#: (the H100's trained pair, 12-05: auto 5.76 ms a round against 5.21 for the budget it chose 88% of the time).
+#: Every 16th step leaves about 6; the batch-mean expectation and the calibration drift over hundreds of steps.
+SAMPLE_EVERY = 16
 EXPECTATION_LAG = 2
 #: Seconds between two "DDTREE budget" log lines (the histogram since the previous line, and the costs).
 LOG_EVERY_S = 60.0
