@@ -160,7 +160,7 @@ def run_tau(
             cycled = [prompt_ids[i % len(prompt_ids)] for i in range(groups * bs)]
             emitted, rounds, tokens, rates = 0, 0, 0, []
             for rep in range(repeats + 1):
-                pass_tokens, wall = 0, 0.0
+                pass_tokens, wall, pass_rounds = 0, 0.0, []
                 for g in range(groups):
                     t0 = time.perf_counter()
                     outs = generate(engine, cycled[g * bs : (g + 1) * bs], new_tokens, params)
@@ -171,8 +171,9 @@ def run_tau(
                         completion = o["meta_info"]["completion_tokens"]
                         pass_tokens += completion
                         emitted += completion - 1
-                        rounds += (o["meta_info"].get("spec_verify_ct", completion - 1) if algo != "none"
-                                   else completion - 1)
+                        pass_rounds.append(o["meta_info"].get("spec_verify_ct", completion - 1) if algo != "none"
+                                           else completion - 1)
+                        rounds += pass_rounds[-1]
                 if rep:
                     tokens += pass_tokens
                     rates.append(pass_tokens / wall)
@@ -188,6 +189,9 @@ def run_tau(
                     "tok_s": statistics.median(rates),
                     "tok_s_min": min(rates),
                     "tok_s_max": max(rates),
+                    # the last timed pass's verify rounds per request, in prompt order (cycled): beside the
+                    # reference's per-prompt rounds, it says which prompts an engine difference is in
+                    "rounds_per_request": pass_rounds,
                 }
             )
     return {"tau": rows}

@@ -61,6 +61,14 @@ def reference_tau(log: dict, method: str, budget: int, temperature: float) -> fl
     return None
 
 
+def reference_tau_bf16(log: dict, method: str, temperature: float) -> float | None:
+    """The reference DFLASH chain's greedy tau_emitted with both models in bf16 (SGLang's dtype), or None."""
+    row = log.get("eval", {}).get("dflash_greedy_bf16") or {}
+    if method == "DFLASH" and temperature == 0 and "tau_emitted" in row:
+        return row["tau_emitted"]
+    return None
+
+
 def zlab_tau(log: dict, method: str, temperature: float) -> float | None:
     z = log.get("eval", {}).get("zlab_chain_greedy") or {}
     if method == "DFLASH" and temperature == 0 and "tau" in z:
@@ -88,6 +96,8 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                     "tau_reference": None if auto else (
                         reference_tau(log, method, budget, r["temperature"]) if method != "none" else 1.0),
                     "tau_zlab": zlab_tau(log, method, r["temperature"]),
+                    **({"tau_reference_bf16": bf16} if (bf16 := reference_tau_bf16(log, method, r["temperature"]))
+                       is not None else {}),
                     "tok_s": round(r["tok_s"], 1),
                     # wall time per decode round: tokens per round (tau per request x batch) over tokens per ms
                     "ms_per_round": round(1000.0 * (r["tau"] if method != "none" else 1.0) * r["batch"] / r["tok_s"], 3)

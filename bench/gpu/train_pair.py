@@ -653,6 +653,24 @@ def _zlab_chain(target, drafter_dir: Path, prompts: list[dict], s: Settings, dev
     return {"tau": round(sum(lengths) / len(lengths), 4), "rounds": len(lengths)}
 
 
+def _chain_in_serving_dtype(out: Path, prompts: list[dict], s: Settings, device, fp32_greedy: dict) -> dict:
+    """The reference DFLASH chain, greedy, with both models in bf16 as SGLang serves them: beside the fp32 row,
+    it separates what the dtype changes in tau (a near-tie in the drafter flips a proposal, which on a chain that
+    accepts 16 in a row changes a whole round) from what an engine does differently. Greedy outputs are compared
+    with the fp32 target's (a bf16 target may itself differ on a near-tie)."""
+    from sglang_ddtree.reference import generate, load_models
+
+    target, drafter = load_models(out / "target", out / "drafter", dtype=torch.bfloat16, device=device)
+    per_prompt, emitted, differing = [], 0, 0
+    for j, p in enumerate(prompts):
+        result = generate(target, drafter, p["ids"], s.eval_new_tokens, None, 0.0, seed=s.seed + j, mode="dflash")
+        per_prompt.append(len(result.accept_lengths))
+        emitted += len(result.tokens) - 1
+        differing += result.tokens != fp32_greedy.get(j, result.tokens)
+    return {"dtype": "bfloat16", "tau_emitted": round(emitted / max(sum(per_prompt), 1), 4),
+            "rounds": sum(per_prompt), "rounds_per_prompt": per_prompt, "prompts_differing_from_fp32_greedy": differing}
+
+
 def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline: float, save=lambda: None) -> None:
     """Reference-engine tau (tokens per target pass) for DFLASH and DDTREE budgets, greedy and sampled."""
     from sglang_ddtree.reference import generate, greedy_generate, load_models
@@ -670,16 +688,18 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
         order += [(t, m, b) for m, b in [("dflash", None), *mid, *rest]]
     reference_tokens = {}
     zlab: dict = {"error": "not run (no greedy DFLASH row)"}
+    serving = None
     complete = True
     for temp, mode, budget in order:
         if time.time() > deadline:
             complete = False
             break
-        lengths, tokens, emitted, mismatches = [], 0, 0, 0
+        lengths, tokens, emitted, mismatches, per_prompt = [], 0, 0, 0, []
         start = time.time()
         for j, p in enumerate(prompts):
             result = generate(target, drafter, p["ids"], s.eval_new_tokens, budget, temp, seed=s.seed + j, mode=mode)
             lengths += result.accept_lengths
+            per_prompt.append(len(result.accept_lengths))
             tokens += len(result.tokens)
             emitted += len(result.tokens) - 1  # the first token comes from the prefill, not from a round
             if temp == 0:
@@ -697,6 +717,7 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
             "tokens": tokens,
             "reference_tokens_per_s": round(tokens / secs, 1),
             "histogram": {str(k): lengths.count(k) for k in sorted(set(lengths))},
+            "rounds_per_prompt": per_prompt,
         }
         if temp == 0:
             row["prompts_differing_from_greedy"] = mismatches
@@ -707,6 +728,9 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
         if temp == 0 and mode == "dflash":
             zlab = _zlab_chain(target, out / "drafter", prompts, s, device, dtype)
             print(f"z-lab dflash_generate chain: {zlab}", flush=True)
+            if dtype != torch.bfloat16 and device.type == "cuda":
+                serving = _chain_in_serving_dtype(out, prompts, s, device, reference_tokens)
+                print(f"DFLASH greedy in bf16 (the serving dtype): {serving}", flush=True)
     log["eval"] = {
         "prompts": len(prompts),
         "new_tokens": s.eval_new_tokens,
@@ -715,6 +739,8 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
         "rows": rows,
     }
     log["eval"]["zlab_chain_greedy"] = zlab
+    if serving is not None:
+        log["eval"]["dflash_greedy_bf16"] = serving
 
 
 # ---- main ---------------------------------------------------------------------------------------------------------

@@ -88,12 +88,34 @@ def test_trained_pair_is_lossless_and_accepts(smoke):
     assert set(rows) == {(t, m, b) for t in (0.0, 1.0) for m, b in (("dflash", None), ("ddtree", 4), ("ddtree", 8))}
     for key, row in rows.items():
         assert 1.0 <= row["tau"] <= 8.0, key
-        assert sum(row["histogram"].values()) == row["rounds"]
+        assert sum(row["histogram"].values()) == row["rounds"] == sum(row["rounds_per_prompt"])
+        assert len(row["rounds_per_prompt"]) == len(prompts)
         if key[0] == 0.0:
             assert row["prompts_differing_from_greedy"] == 0
     assert rows[(0.0, "dflash", None)]["tau"] > 1.5  # the drafter learnt the target's continuations
     zlab = log["eval"]["zlab_chain_greedy"]
     assert "tau" in zlab, zlab  # z-lab's dflash_generate ran on the same files
+
+
+def test_the_reference_chain_in_the_serving_dtype_counts_rounds_per_prompt(smoke):
+    """The bf16 chain row (run by the GPU evaluation beside the fp32 rows): tau_emitted over its own rounds, and
+    greedy outputs compared with the fp32 target's."""
+    out, _ = smoke
+    module = _module()
+    settings = module.smoke_settings(module.Settings())
+    prompts = json.loads((out / "eval_prompts.json").read_text())
+    target, _ = load_models(out / "target", out / "drafter", dtype=torch.float32)
+    fp32 = {j: greedy_generate(target, p["ids"], settings.eval_new_tokens) for j, p in enumerate(prompts)}
+    row = module._chain_in_serving_dtype(out, prompts, settings, torch.device("cpu"), fp32)
+    assert row["dtype"] == "bfloat16" and len(row["rounds_per_prompt"]) == len(prompts)
+    assert row["rounds"] == sum(row["rounds_per_prompt"]) > 0
+    emitted = len(prompts) * (settings.eval_new_tokens - 1)
+    assert row["tau_emitted"] == pytest.approx(emitted / row["rounds"], abs=1e-4)
+    assert 0 <= row["prompts_differing_from_fp32_greedy"] <= len(prompts)
+    # against outputs that are all wrong, every prompt differs: the comparison is real
+    wrong = {j: [-1] for j in fp32}
+    assert module._chain_in_serving_dtype(out, prompts, settings, torch.device("cpu"), wrong)[
+        "prompts_differing_from_fp32_greedy"] == len(prompts)
 
 
 def test_held_out_files_are_whole_and_disjoint(smoke):

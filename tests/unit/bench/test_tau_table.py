@@ -51,10 +51,12 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     }
     log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
                              {"mode": "ddtree", "temperature": 0.0, "budget": 4, "tau": 2.6}],
-                    "zlab_chain_greedy": {"tau": 2.57}}}
+                    "zlab_chain_greedy": {"tau": 2.57}, "dflash_greedy_bf16": {"tau_emitted": 2.69}}}
     rows = {(r["method"], r["budget"], r["batch"]): r for r in tau.table_rows(runs, log)}
     assert rows[("dflash", None, 1)]["speedup"] == 1.8 and rows[("dflash", None, 1)]["tau_reference"] == 2.65
     assert rows[("dflash", None, 1)]["tau_zlab"] == 2.57
+    assert rows[("dflash", None, 1)]["tau_reference_bf16"] == 2.69  # the reference chain in SGLang's dtype
+    assert "tau_reference_bf16" not in rows[("ddtree", 4, 8)]
     assert rows[("dflash", None, 1)]["ms_per_round"] == 15.0  # 2.7 tokens a round at 180 tokens/s
     assert rows[("ddtree", 4, 8)]["ms_per_round"] == pytest.approx(41.6)  # 8 x 2.6 tokens a round at 500 tokens/s
     auto = rows[("ddtree-auto", "auto", 1)]
