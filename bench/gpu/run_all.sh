@@ -6,12 +6,13 @@
 #   DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
 #   STEPS="sglang-setup train-start lossless-hybrid" DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR
 #   STEPS=issue23 DEADLINE_S=7200 bash bench/gpu/run_all.sh STATE_DIR     # issue 23's table, on a GPU without limits
+#   STEPS=issue24 DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR      # issue 24's pair and tau table (3 calls)
 #
 # Steps (STEPS picks some, in its order; default: all but the trained pair's): core-stages
 # (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench (bench/tree_build.py),
 # sglang-setup (unpack BUNDLE into /tmp/site, install the plugin and z-lab's dflash wheel if carried, tiny
 # models), measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13;
-# LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto, issue 24), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
+# LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto, issue 24, to these and lossless-trained), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
 # measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
 # process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
@@ -143,7 +144,7 @@ run_step() {
     lossless-trained)
       step lossless-trained python3 bench/gpu/lossless.py --models "$STATE/pair" --work "$STATE/lossless-trained" \
         --label pure --natural --prompts-file "$STATE/pair/eval_prompts.json" --budgets "${TRAINED_BUDGETS:-8,16}" \
-        --sampling ;;
+        --sampling ${AUTO:+--auto} ;;
     tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" ;;
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
     attn-mask) step attn-mask python3 bench/gpu/attn_mask.py --out "$STATE/attn-mask.json" ;;
@@ -185,8 +186,13 @@ export T0 DEADLINE_S
 # Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
 # at 1k, 8k and 32k tokens of context, greedy identity on the pure and hybrid pairs and the 27B hybrid shape).
 ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
+# issue24: the trained pair and its tau table (auto with both clocks beside every fixed budget); the tiny pair's
+# greedy identity (untimed) runs while the pair trains, nothing timed does. About 1250 s on the lent H100 (12-06:
+# set-up 56 s, training 463 s, an engine about 45 s to start): a session's 30 minutes, in three calls.
+ISSUE24="sglang-setup train-start lossless train-wait tau lossless-trained"
 steps=${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}
-for name in ${steps//issue23/$ISSUE23}; do
+steps=${steps//issue23/$ISSUE23}
+for name in ${steps//issue24/$ISSUE24}; do
   case "$name" in core-*) ;; *) sglang_env ;; esac
   run_step "$name"
 done
