@@ -14,7 +14,8 @@
 # models), measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13;
 # LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto, issue 24, to these and lossless-trained), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
 # measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
-# process session so it outlives this call while the machine is held), train-wait, lossless-trained (natural
+# process session so it outlives this call while the machine is held), train-wait (until it ended), pair-wait
+# (until the pair is saved, while train_pair.py still evaluates it in its reference engine), lossless-trained (natural
 # branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
 # glue-check (the fused glue kernels compiled on the GPU against their torch references; the start-up warm-up, and
 # that rounds after it compile no new variant), cost-8b, cost-hybrid,
@@ -120,6 +121,14 @@ train_wait() {  # until train_pair.py (train-start) has finished, within this ca
   return "$(cat "$STATE/train.rc")"
 }
 
+pair_wait() {  # until the pair is saved: train_pair.py writes eval_prompts.json after both models, then evaluates
+  while [ ! -e "$STATE/pair/eval_prompts.json" ]; do
+    if [ -e "$STATE/train.rc" ]; then tail -n 5 "$STATE/train.log"; return 1; fi  # ended without a pair
+    if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
+    sleep 10
+  done
+}
+
 run_step() {
   local S="$STATE/sglang"
   case "$1" in
@@ -141,6 +150,7 @@ run_step() {
         echo \$? >'$STATE/train.rc'" </dev/null >/dev/null 2>&1 &
       touch "$STATE/done-train-start" ;;
     train-wait) step train-wait bash -c train_wait ;;
+    pair-wait) step pair-wait bash -c pair_wait ;;
     lossless-trained)
       step lossless-trained python3 bench/gpu/lossless.py --models "$STATE/pair" --work "$STATE/lossless-trained" \
         --label pure --natural --prompts-file "$STATE/pair/eval_prompts.json" --budgets "${TRAINED_BUDGETS:-8,16}" \
@@ -181,15 +191,16 @@ run_step() {
 
 sglang_env
 export -f sglang_setup
-export -f train_wait left
+export -f train_wait pair_wait left
 export T0 DEADLINE_S
 # Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
 # at 1k, 8k and 32k tokens of context, greedy identity on the pure and hybrid pairs and the 27B hybrid shape).
 ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
-# issue24: the trained pair and its tau table (auto with both clocks beside every fixed budget); the tiny pair's
-# greedy identity (untimed) runs while the pair trains, nothing timed does. About 1250 s on the lent H100 (12-06:
-# set-up 56 s, training 463 s, an engine about 45 s to start): a session's 30 minutes, in three calls.
-ISSUE24="sglang-setup train-start lossless train-wait tau lossless-trained"
+# issue24: the trained pair and its tau table (auto with both clocks beside every fixed budget). Untimed checks run
+# while the pair trains (the tiny pair's greedy identity) and while train_pair.py evaluates the saved pair in its
+# reference engine (the trained pair's, lossless-trained); nothing timed does. About 1300 s on the lent H100 (12-06:
+# set-up 56 s, training 340 s and evaluation 124 s, an engine about 45 s to start): 30 minutes, in three calls.
+ISSUE24="sglang-setup train-start lossless pair-wait lossless-trained train-wait tau"
 steps=${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}
 steps=${steps//issue23/$ISSUE23}
 for name in ${steps//issue24/$ISSUE24}; do
