@@ -751,7 +751,9 @@ def write_log(log: dict, out: Path, copy: Path | None, name: str = "train_log.js
     for d in (out, copy):
         if d is not None:
             d.mkdir(parents=True, exist_ok=True)
-            (d / name).write_text(json.dumps(log, indent=1) + "\n")
+            tmp = d / f".{name}.tmp"  # then renamed: a reader waiting for the file (run_all's pair-wait) sees it whole
+            tmp.write_text(json.dumps(log, indent=1) + "\n")
+            tmp.replace(d / name)
 
 
 def parse_args(argv=None) -> tuple[Settings, Path, Path | None]:
