@@ -110,6 +110,50 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
     return rows
 
 
+#: Issue 24's goal: at every batch and temperature, auto's tokens/s at least this share of the best fixed method's
+#: (DFLASH or a DDTREE budget, same run), and at batch 1 (both temperatures) at least AUTO_OVER_DFLASH x DFLASH's.
+AUTO_OVER_BEST = 0.98
+AUTO_OVER_DFLASH = 1.10
+
+
+def goal_rows(rows: list[dict]) -> list[dict]:
+    """Issue 24's goal per (auto row, temperature, batch): the best fixed method there (``dflash`` or ``ddtree-N``)
+    and its tok/s, auto's tok/s over it and over DFLASH's, and ``meets_goal`` (None when a fixed method is
+    missing: an incomplete run proves nothing either way)."""
+    fixed: dict[tuple[float, int], dict[str, float]] = {}
+    for r in rows:
+        if r["method"] in ("dflash", "ddtree") and r["tok_s"]:
+            name = "dflash" if r["method"] == "dflash" else f"ddtree-{r['budget']}"
+            fixed.setdefault((r["temperature"], r["batch"]), {})[name] = r["tok_s"]
+    every = {"dflash", *(f"ddtree-{b}" for b in (4, 8, 16, 32))}
+    out = []
+    for r in rows:
+        if r["method"] != "ddtree-auto" or not r["tok_s"]:
+            continue
+        cell = fixed.get((r["temperature"], r["batch"]), {})
+        best = max(cell, key=cell.get) if cell else None
+        over_best = round(r["tok_s"] / cell[best], 3) if best else None
+        over_dflash = round(r["tok_s"] / cell["dflash"], 3) if "dflash" in cell else None
+        complete = every <= set(cell)
+        meets = None
+        if complete:
+            meets = over_best >= AUTO_OVER_BEST and (r["batch"] != 1 or over_dflash >= AUTO_OVER_DFLASH)
+        out.append({"auto": r["budget"], "temperature": r["temperature"], "batch": r["batch"], "best": best,
+                    "best_tok_s": cell.get(best), "auto_tok_s": r["tok_s"], "auto_over_best": over_best,
+                    "auto_over_dflash": over_dflash, "meets_goal": meets})
+    return out
+
+
+def goal_markdown(goals: list[dict]) -> str:
+    lines = ["| auto | T | batch | best fixed (tok/s) | auto tok/s | auto / best | auto / DFLASH | goal |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
+    for g in goals:
+        verdict = {True: "met", False: "NOT met", None: "incomplete"}[g["meets_goal"]]
+        lines.append(f"| {g['auto']} | {g['temperature']} | {g['batch']} | {g['best']} ({g['best_tok_s']}) | "
+                     f"{g['auto_tok_s']} | {g['auto_over_best']} | {g['auto_over_dflash']} | {verdict} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     """Paper Table 1 layout: one line per method/budget, per (temperature, batch) tau and speedup."""
     cols = sorted({(r["temperature"], r["batch"]) for r in rows})
@@ -176,12 +220,14 @@ def main() -> int:
         "sglang": next(iter(runs.values()), {}).get("sglang"),
         "new_tokens": args.new_tokens,
         "rows": rows,
+        "goal": goal_rows(rows),
     }
     text = json.dumps(result, indent=1)
     (args.work / "tau.json").write_text(text)
     if args.result:
         args.result.write_text(text)
     print(markdown(rows))
+    print(goal_markdown(result["goal"]))
     return 0
 
 

@@ -67,3 +67,36 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     assert period["tau_reference"] is None
     assert rows[("ddtree", 4, 8)]["speedup"] == 1.25 and rows[("ddtree", 4, 8)]["tau_reference"] == 2.6
     assert "budget_histogram" not in rows[("ddtree", 4, 8)]
+
+
+def _row(method, budget, batch, temperature, tok_s):
+    return {"method": method, "budget": budget, "batch": batch, "temperature": temperature, "tok_s": tok_s}
+
+
+def test_the_goal_compares_auto_with_the_best_fixed_method_of_its_cell():
+    fixed = [("dflash", None, 100.0), ("ddtree", 4, 90.0), ("ddtree", 8, 110.0), ("ddtree", 16, 120.0),
+             ("ddtree", 32, 125.0)]
+    rows = [_row(m, b, 1, 0.0, v) for m, b, v in fixed]
+    rows += [_row(m, b, 8, 0.0, v) for m, b, v in fixed]
+    rows += [_row("ddtree-auto", "auto", 1, 0.0, 123.0), _row("ddtree-auto", "auto-period", 1, 0.0, 121.0),
+             _row("ddtree-auto", "auto", 8, 0.0, 120.0)]
+    goals = {(g["auto"], g["batch"]): g for g in tau.goal_rows(rows)}
+    met = goals[("auto", 1)]
+    assert met["best"] == "ddtree-32" and met["auto_over_best"] == 0.984 and met["auto_over_dflash"] == 1.23
+    assert met["meets_goal"] is True
+    assert goals[("auto-period", 1)]["meets_goal"] is False  # 0.968 of the best
+    assert goals[("auto", 8)]["auto_over_best"] == 0.96 and goals[("auto", 8)]["meets_goal"] is False
+    assert "NOT met" in tau.goal_markdown(list(goals.values()))
+
+
+def test_the_goal_needs_every_fixed_method_and_at_batch_1_auto_beats_dflash_by_ten_percent():
+    rows = [_row("dflash", None, 1, 0.0, 100.0), _row("ddtree", 16, 1, 0.0, 105.0),
+            _row("ddtree-auto", "auto", 1, 0.0, 108.0)]
+    (partial,) = tau.goal_rows(rows)
+    assert partial["meets_goal"] is None and partial["best"] == "ddtree-16"  # budgets 4, 8, 32 missing
+    rows += [_row("ddtree", b, 1, 0.0, 60.0) for b in (4, 8, 32)]
+    (full,) = tau.goal_rows(rows)
+    assert full["auto_over_best"] == 1.029 and full["auto_over_dflash"] == 1.08
+    assert full["meets_goal"] is False  # within 2% of the best, but not 1.10 x DFLASH at batch 1
+    wider = [{**r, "batch": 8} for r in rows]
+    assert tau.goal_rows(wider)[0]["meets_goal"] is True  # the 1.10 x DFLASH bar is batch 1's only
