@@ -144,6 +144,12 @@ run_step() {
         BUDGETS='${HYBRID_BUDGETS:-4,8,16}' gpu lossless-hybrid '$S'" ;;
     hybrid) step hybrid bash -c "$(declare -f gpu); RESUME=1 gpu models-hybrid '$S' && RESUME=1 gpu measure-hybrid '$S'" ;;
     train-start)
+      case " ${SKIP:-} " in *" train-start "*) echo "== train-start: skipped (SKIP)"; return 0 ;; esac
+      if [ -e "$STATE/train.rc" ] && [ "$(cat "$STATE/train.rc")" != 0 ]; then  # it failed: start it again
+        echo "== train-start: the last training failed (rc $(cat "$STATE/train.rc")), starting it again:"
+        tail -n 3 "$STATE/train.log"
+        rm -f "$STATE/train.rc" "$STATE/done-train-start" "$STATE/done-train-wait" "$STATE/done-pair-wait"
+      fi
       if [ -e "$STATE/done-train-start" ]; then echo "== train-start: started earlier"; return 0; fi
       echo "== train-start: bench/gpu/train_pair.py --out $STATE/pair in the background (log $STATE/train.log)"
       setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair' >'$STATE/train.log' 2>&1;
