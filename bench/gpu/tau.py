@@ -103,8 +103,8 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                     "ms_per_round": round(1000.0 * (r["tau"] if method != "none" else 1.0) * r["batch"] / r["tok_s"], 3)
                     if r["tok_s"] else None,
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
-                    **({"budget_histogram": (rec.get("budget_stats") or {}).get("budget_histogram"),
-                        "graphs": (rec.get("budget_stats") or {}).get("graphs")} if auto else {}),
+                    **({key: (rec.get("budget_stats") or {}).get(key)
+                        for key in ("budget_histogram", "graphs", "clock", "step_ms")} if auto else {}),
                 }
             )
     return rows
@@ -141,6 +141,28 @@ def goal_rows(rows: list[dict]) -> list[dict]:
         out.append({"auto": r["budget"], "temperature": r["temperature"], "batch": r["batch"], "best": best,
                     "best_tok_s": cell.get(best), "auto_tok_s": r["tok_s"], "auto_over_best": over_best,
                     "auto_over_dflash": over_dflash, "meets_goal": meets})
+    return out
+
+
+def clock_rows(rows: list[dict]) -> list[dict]:
+    """What each auto run's clock measured per candidate beside the wall time a round of that candidate took in its
+    own fixed engine (``ms_per_round``, same batch and temperature): a clock that ranks the candidates unlike the
+    wall time makes auto choose unlike the best fixed method. One row per auto run, batch and temperature; the
+    auto run's ``step_ms`` of the batch's bucket (``b<=1``, ``b<=8``, ``b<=32``: every temperature together)."""
+    wall: dict[tuple[float, int], dict[str, float]] = {}
+    for r in rows:
+        if r["method"] in ("dflash", "ddtree") and r.get("ms_per_round"):
+            name = "chain" if r["method"] == "dflash" else str(r["budget"])
+            wall.setdefault((r["temperature"], r["batch"]), {})[name] = r["ms_per_round"]
+    out = []
+    for r in rows:
+        if r["method"] != "ddtree-auto":
+            continue
+        bucket = f"b<={1 << max(0, int(r['batch'] - 1).bit_length())}"
+        measured = (r.get("step_ms") or {}).get(bucket) or {}
+        out.append({"auto": r["budget"], "clock": r.get("clock"), "temperature": r["temperature"],
+                    "batch": r["batch"], "bucket": bucket, "measured_ms": measured,
+                    "wall_ms_per_round": wall.get((r["temperature"], r["batch"]), {})})
     return out
 
 
@@ -221,6 +243,7 @@ def main() -> int:
         "new_tokens": args.new_tokens,
         "rows": rows,
         "goal": goal_rows(rows),
+        "clock_check": clock_rows(rows),
     }
     text = json.dumps(result, indent=1)
     (args.work / "tau.json").write_text(text)

@@ -100,3 +100,16 @@ def test_the_goal_needs_every_fixed_method_and_at_batch_1_auto_beats_dflash_by_t
     assert full["meets_goal"] is False  # within 2% of the best, but not 1.10 x DFLASH at batch 1
     wider = [{**r, "batch": 8} for r in rows]
     assert tau.goal_rows(wider)[0]["meets_goal"] is True  # the 1.10 x DFLASH bar is batch 1's only
+
+
+def test_the_clock_check_sets_auto_measured_costs_beside_the_fixed_engines_wall_time():
+    rows = [{**_row("dflash", None, 8, 0.0, 100.0), "ms_per_round": 6.8},
+            {**_row("ddtree", 32, 8, 0.0, 120.0), "ms_per_round": 8.1},
+            {**_row("ddtree", 32, 1, 0.0, 120.0), "ms_per_round": 5.2},
+            {**_row("ddtree-auto", "auto", 8, 0.0, 110.0), "clock": "events",
+             "step_ms": {"b<=1": {"32": 4.0}, "b<=8": {"chain": 6.5, "32": 6.6}}},
+            {**_row("ddtree-auto", "auto", 3, 0.0, 110.0), "clock": "events", "step_ms": {}}]
+    check = tau.clock_rows(rows)
+    assert check[0] == {"auto": "auto", "clock": "events", "temperature": 0.0, "batch": 8, "bucket": "b<=8",
+                        "measured_ms": {"chain": 6.5, "32": 6.6}, "wall_ms_per_round": {"chain": 6.8, "32": 8.1}}
+    assert check[1]["bucket"] == "b<=4" and check[1]["measured_ms"] == {} and check[1]["wall_ms_per_round"] == {}
