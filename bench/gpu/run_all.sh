@@ -8,34 +8,38 @@
 #   STEPS=issue23 DEADLINE_S=7200 bash bench/gpu/run_all.sh STATE_DIR     # issue 23's table, on a GPU without limits
 #   STEPS=issue24 DEADLINE_S=570 bash bench/gpu/run_all.sh STATE_DIR      # issue 24's pair and tau table (3 calls)
 #
-# Steps (STEPS picks some, in its order; default: all but the trained pair's): core-stages
-# (bench/gpu/tree_stages.py), core-tests (the core suite on CUDA), core-bench (bench/tree_build.py),
-# sglang-setup (unpack BUNDLE into /tmp/site, install the plugin and z-lab's dflash wheel if carried, tiny
-# models), measure (sglang_ddtree_gpu.sh measure), lossless and lossless-hybrid (bench/gpu/lossless.py, issue 13;
-# LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto, issue 24, to these and lossless-trained), sampling (temperature 1 on a flat target), hybrid (models-hybrid +
-# measure-hybrid); the trained pair (issue 15): train-start (bench/gpu/train_pair.py in the background, in its own
-# process session so it outlives this call while the machine is held), train-wait (until it ended), pair-wait
-# (until the pair is saved, while train_pair.py still evaluates it in its reference engine), lossless-trained (natural
-# branching, graph vs eager, temperature-1 test), tau (bench/gpu/tau.py); step-cost (issue 18); issue 23:
-# glue-check (the fused glue kernels compiled on the GPU against their torch references; the start-up warm-up, and
-# that rounds after it compile no new variant), cost-8b, cost-hybrid,
-# cost-8b-context (bench/gpu/step_cost.py on bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid
-# shapes, and cost-tiny on sglang-setup's tiny pair; HYBRID_LAYERS, default 40 on a GPU of 130 GB or more, else 20 (hybrid_layers); COST_REPEATS, default 5; COST_BUDGETS (cost-8b), default 16; COST_AB=1: cost-8b also times DDTREE with SGLang's own
-# verify attention), attn-mask (bench/gpu/attn_mask.py: Triton verify
-# attention with and without the tree mask at 16 and 17 tokens). lossless-shape: bench/gpu/lossless.py (tie-aware greedy
-# identity, oracle-forced deep and branching acceptance, graph vs eager) on the Qwen3.6-27B hybrid shape
-# (SHAPE_BUDGETS, default 16). cost-tiny takes COST_BATCHES and COST_ALGOS; cost-8b-context CONTEXTS and
-# CONTEXT_BATCHES (default 32768=1,8: batches 1 and 8 at 32k tokens). COST_AB_TREE=1:
-# cost-8b and cost-tiny also time DDTREE with the tree built after the drafter pass (SGLANG_DDTREE_TREE_IN_GRAPH=0);
-# COST_AB_ARGS adds step_cost.py arguments to both and to cost-pair (e.g. "--ab
-# sglang-attention:SGLANG_DDTREE_VERIFY_ATTENTION=sglang"; "--ab auto:SGLANG_DDTREE_BUDGET=auto" on cost-pair ranks the
-# host time the auto budget adds to a round of the same widest tree).
-# cost-pair (issue 24: step_cost.py on the trained pair, DFLASH and DDTREE PAIR_BUDGETS (16,32) at batch 1 and 8: wall
-# ms per step beside the profile's GPU busy time, to see what auto's CUDA-event costs miss on a host-bound target).
-# http-semantics (issue 27: bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair; HTTP_BUDGET, 16).
-# SKIP="core-bench hybrid" leaves steps out. With OUT set (the lent GPU host), the results and logs of STATE (not the
+# STEPS picks steps, run in its order (default: the core's and the tiny pairs' checks, none of the trained pair's);
+# SKIP="core-bench hybrid" leaves some out. The steps, with the variables each reads:
+#   core-stages, core-tests, core-bench  bench/gpu/core_tests.sh: tree_stages.py, the core suite on CUDA, tree_build.py
+#   sglang-setup      unpack BUNDLE (bench/gpu/make_bundle.sh's SGLang 0.5.17) into /tmp/site, install the plugin and
+#                     z-lab's dflash wheel if carried, make the tiny models
+#   glue-check        the fused glue kernels on the GPU against their torch references; the start-up warm-up covers
+#                     later rounds (no new kernel variant after it)
+#   measure           sglang_ddtree_gpu.sh measure (tiny pair)
+#   lossless, lossless-hybrid  bench/gpu/lossless.py, oracle-forced deep and branching drafts, graph vs eager
+#                     (LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto)
+#   sampling          temperature 1 on a flat target (chi-square)
+#   hybrid            models-hybrid + measure-hybrid
+#   lossless-shape    lossless.py on the Qwen3.6-27B hybrid shape (SHAPE_BUDGETS, 16)
+#   train-start       bench/gpu/train_pair.py in the background, in its own process session so that it outlives the
+#                     call while the machine is held; a failed training is started again
+#   pair-wait         until the pair is saved (train_pair.py then still evaluates it in its reference engine)
+#   train-wait        until train_pair.py has ended
+#   lossless-trained  lossless.py on the trained pair, natural drafts, temperature-1 test (TRAINED_BUDGETS, 8,16; AUTO)
+#   tau               bench/gpu/tau.py: issue 24's table, goal and clock check
+#   cost-tiny, cost-8b, cost-hybrid, cost-8b-context  bench/gpu/step_cost.py on the tiny pair and on
+#                     bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid shapes (COST_REPEATS, 5;
+#                     COST_BUDGETS, 16; COST_ALGOS; COST_BATCHES (tiny); HYBRID_LAYERS, 40 on a GPU of 130 GB or
+#                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8). COST_AB=1: cost-8b also
+#                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
+#                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (also cost-pair's)
+#   cost-pair         step_cost.py on the trained pair (PAIR_BUDGETS, 16,32; batches 1 and 8): wall ms per step
+#                     beside the profile's GPU time ("--ab auto:SGLANG_DDTREE_BUDGET=auto" ranks what auto adds)
+#   step-cost         sglang_ddtree_gpu.sh step-cost (issue 18's layout; CONTEXTS)
+#   attn-mask         bench/gpu/attn_mask.py: Triton verify attention with and without the tree mask
+#   http-semantics    bench/gpu/http_semantics.py, DDTREE vs none over HTTP on the tiny pair (HTTP_BUDGET, 16)
+# Named sets: issue23 and issue24 (below). With OUT set (the lent GPU host), the results and logs of STATE (not the
 # models) are packed into $OUT/run_all-state.tgz at the end of every call.
-# BUNDLE: the SGLang 0.5.17 package set from bench/gpu/make_bundle.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STATE=${1:?state directory}
