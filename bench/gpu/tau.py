@@ -125,7 +125,7 @@ def goal_rows(rows: list[dict]) -> list[dict]:
         if r["method"] in ("dflash", "ddtree") and r["tok_s"]:
             name = "dflash" if r["method"] == "dflash" else f"ddtree-{r['budget']}"
             fixed.setdefault((r["temperature"], r["batch"]), {})[name] = r["tok_s"]
-    every = {"dflash", *(f"ddtree-{b}" for b in (4, 8, 16, 32))}
+    every = {"dflash", *(f"ddtree-{b}" for m, b in CONFIGS if m == "DDTREE" and isinstance(b, int))}
     out = []
     for r in rows:
         if r["method"] != "ddtree-auto" or not r["tok_s"]:
