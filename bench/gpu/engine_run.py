@@ -9,9 +9,29 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parent / "sglang_ddtree_run.py"
+#: Seconds an engine configuration needs at least (start-up about 45 s on the lent H100, then its runs): under
+#: bench/gpu/run_all.sh (which exports its call's end as RUN_ALL_DEADLINE, epoch seconds) a configuration is not
+#: started with less left (ENGINE_NEED_S in the environment overrides), so that a call ends early instead of holding
+#: the GPU for an engine the call's limit would cut off.
+ENGINE_NEED_S = 90
+
+
+class OutOfTime(RuntimeError):
+    """Too little of run_all.sh's call is left to start another engine; the driver is run again in the next call
+    (finished configurations are kept), so its step must not count as done."""
+
+
+def seconds_left(env: dict | None = None, now: float | None = None) -> float | None:
+    """Seconds left in run_all.sh's call (its exported RUN_ALL_DEADLINE), or None outside it."""
+    env = os.environ if env is None else env
+    try:
+        return float(env["RUN_ALL_DEADLINE"]) - (time.time() if now is None else now)
+    except (KeyError, ValueError):
+        return None
 
 
 def run_config(
@@ -23,8 +43,14 @@ def run_config(
     extra: list[str] | None = None,
     env_extra: dict[str, str] | None = None,
 ) -> dict | None:
-    """The runner's JSON record for this configuration (running it unless ``out`` exists); None if it failed."""
+    """The runner's JSON record for this configuration (running it unless ``out`` exists); None if it failed.
+    Raises OutOfTime instead of starting it with less than ``ENGINE_NEED_S`` of run_all.sh's call left."""
     if not out.exists():
+        left = seconds_left()
+        need = float(os.environ.get("ENGINE_NEED_S", ENGINE_NEED_S))
+        if left is not None and left < need:
+            raise OutOfTime(f"{out.name}: {left:.0f} s left in this call, an engine needs about {need:.0f} s: "
+                            "not started (the next call runs it)")
         cmd = [
             sys.executable,
             str(RUNNER),

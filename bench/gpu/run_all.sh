@@ -203,6 +203,7 @@ sglang_env
 export -f sglang_setup
 export -f train_wait pair_wait left
 export T0 DEADLINE_S
+export RUN_ALL_DEADLINE=$((T0 + DEADLINE_S))  # bench/gpu/engine_run.py starts no engine too close to it
 # Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
 # at 1k, 8k and 32k tokens of context, greedy identity on the pure and hybrid pairs and the 27B hybrid shape).
 ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"

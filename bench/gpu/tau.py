@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine_run import run_config
+from engine_run import OutOfTime, run_config
 from sglang_ddtree.budget import least_widest_budget
 
 CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", "auto-period"), ("DDTREE", 16),
@@ -211,6 +211,7 @@ def main() -> int:
         args.new_tokens = int(log.get("settings", {}).get("eval_new_tokens", 128))
     block = drafter_block_size(args.pair / "drafter")
     runs = {}
+    unfinished = False
     for method, budget in CONFIGS:
         extra = [
             "--prompts-file",
@@ -230,7 +231,12 @@ def main() -> int:
         elif method == "DDTREE" and reservation(budget, block) > budget:
             widest = reservation(budget, block)
             env = {"SGLANG_DDTREE_BUDGET": str(budget)}
-        rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env)
+        try:
+            rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env)
+        except OutOfTime as exc:  # the table of what ran so far, and a failed step: the next call goes on
+            print(exc, flush=True)
+            unfinished = True
+            break
         if rec is not None and budget in AUTO_ENV:
             rec["budget_stats"] = last_stats(stats)
         if rec is not None:
@@ -251,7 +257,7 @@ def main() -> int:
         args.result.write_text(text)
     print(markdown(rows))
     print(goal_markdown(result["goal"]))
-    return 0
+    return 1 if unfinished else 0
 
 
 if __name__ == "__main__":
