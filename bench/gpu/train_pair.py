@@ -658,22 +658,28 @@ def _chain_in_serving_dtype(out: Path, prompts: list[dict], s: Settings, device,
     it separates what the dtype changes in tau (a near-tie in the drafter flips a proposal, which on a chain that
     accepts 16 in a row changes a whole round) from what an engine does differently. Greedy outputs are compared
     with the fp32 target's (a bf16 target may itself differ on a near-tie)."""
-    from sglang_ddtree.reference import generate, load_models
+    from sglang_ddtree.reference import load_models
 
     target, drafter = load_models(out / "target", out / "drafter", dtype=torch.bfloat16, device=device)
-    per_prompt, emitted, differing = [], 0, 0
-    for j, p in enumerate(prompts):
-        result = generate(target, drafter, p["ids"], s.eval_new_tokens, None, 0.0, seed=s.seed + j, mode="dflash")
-        per_prompt.append(len(result.accept_lengths))
-        emitted += len(result.tokens) - 1
-        differing += result.tokens != fp32_greedy.get(j, result.tokens)
+    results = _generate_each(target, drafter, prompts, s, None, 0.0, "dflash")
+    per_prompt = [len(r.accept_lengths) for r in results]
+    emitted = sum(len(r.tokens) - 1 for r in results)
+    differing = sum(r.tokens != fp32_greedy.get(j, r.tokens) for j, r in enumerate(results))
     return {"dtype": "bfloat16", "tau_emitted": round(emitted / max(sum(per_prompt), 1), 4),
             "rounds": sum(per_prompt), "rounds_per_prompt": per_prompt, "prompts_differing_from_fp32_greedy": differing}
 
 
+def _generate_each(target, drafter, prompts: list[dict], s: Settings, budget, temp: float, mode: str) -> list:
+    """The reference engine's generation of every prompt (prompt j sampled with seed ``s.seed + j``)."""
+    from sglang_ddtree.reference import generate
+
+    return [generate(target, drafter, p["ids"], s.eval_new_tokens, budget, temp, seed=s.seed + j, mode=mode)
+            for j, p in enumerate(prompts)]
+
+
 def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline: float, save=lambda: None) -> None:
     """Reference-engine tau (tokens per target pass) for DFLASH and DDTREE budgets, greedy and sampled."""
-    from sglang_ddtree.reference import generate, greedy_generate, load_models
+    from sglang_ddtree.reference import greedy_generate, load_models
 
     dtype = getattr(torch, s.eval_dtype)
     target, drafter = load_models(out / "target", out / "drafter", dtype=dtype, device=device)
@@ -694,19 +700,18 @@ def evaluate(s: Settings, out: Path, prompts: list[dict], device, log, deadline:
         if time.time() > deadline:
             complete = False
             break
-        lengths, tokens, emitted, mismatches, per_prompt = [], 0, 0, 0, []
         start = time.time()
-        for j, p in enumerate(prompts):
-            result = generate(target, drafter, p["ids"], s.eval_new_tokens, budget, temp, seed=s.seed + j, mode=mode)
-            lengths += result.accept_lengths
-            per_prompt.append(len(result.accept_lengths))
-            tokens += len(result.tokens)
-            emitted += len(result.tokens) - 1  # the first token comes from the prefill, not from a round
-            if temp == 0:
+        results = _generate_each(target, drafter, prompts, s, budget, temp, mode)
+        if temp == 0:
+            for j, p in enumerate(prompts):
                 if j not in reference_tokens:
                     reference_tokens[j] = greedy_generate(target, p["ids"], s.eval_new_tokens)
-                mismatches += result.tokens != reference_tokens[j]
         secs = time.time() - start
+        lengths = [n for r in results for n in r.accept_lengths]
+        per_prompt = [len(r.accept_lengths) for r in results]
+        tokens = sum(len(r.tokens) for r in results)
+        emitted = tokens - len(results)  # each prompt's first token comes from the prefill, not from a round
+        mismatches = sum(r.tokens != reference_tokens[j] for j, r in enumerate(results)) if temp == 0 else 0
         row = {
             "temperature": temp,
             "mode": mode,
