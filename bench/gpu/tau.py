@@ -116,16 +116,26 @@ AUTO_OVER_BEST = 0.98
 AUTO_OVER_DFLASH = 1.10
 
 
+def fixed_cells(rows: list[dict], field: str, name) -> dict[tuple[float, int], dict[str, float]]:
+    """{(temperature, batch): {name(method, budget): row[field]}} of the fixed methods' rows (DFLASH's and the DDTREE
+    budgets') where ``field`` is set."""
+    cells: dict[tuple[float, int], dict[str, float]] = {}
+    for r in rows:
+        if r["method"] in ("dflash", "ddtree") and r.get(field):
+            cells.setdefault((r["temperature"], r["batch"]), {})[name(r["method"], r["budget"])] = r[field]
+    return cells
+
+
+def _goal_name(method: str, budget: int | None) -> str:
+    return "dflash" if method == "dflash" else f"ddtree-{budget}"
+
+
 def goal_rows(rows: list[dict]) -> list[dict]:
     """Issue 24's goal per (auto row, temperature, batch): the best fixed method there (``dflash`` or ``ddtree-N``)
     and its tok/s, auto's tok/s over it and over DFLASH's, and ``meets_goal`` (None when a fixed method is
     missing: an incomplete run proves nothing either way)."""
-    fixed: dict[tuple[float, int], dict[str, float]] = {}
-    for r in rows:
-        if r["method"] in ("dflash", "ddtree") and r["tok_s"]:
-            name = "dflash" if r["method"] == "dflash" else f"ddtree-{r['budget']}"
-            fixed.setdefault((r["temperature"], r["batch"]), {})[name] = r["tok_s"]
-    every = {"dflash", *(f"ddtree-{b}" for m, b in CONFIGS if m == "DDTREE" and isinstance(b, int))}
+    fixed = fixed_cells(rows, "tok_s", _goal_name)
+    every = {"dflash", *(_goal_name("ddtree", b) for m, b in CONFIGS if m == "DDTREE" and isinstance(b, int))}
     out = []
     for r in rows:
         if r["method"] != "ddtree-auto" or not r["tok_s"]:
@@ -149,11 +159,8 @@ def clock_rows(rows: list[dict]) -> list[dict]:
     own fixed engine (``ms_per_round``, same batch and temperature): a clock that ranks the candidates unlike the
     wall time makes auto choose unlike the best fixed method. One row per auto run, batch and temperature; the
     auto run's ``step_ms`` of the batch's bucket (``b<=1``, ``b<=8``, ``b<=32``: every temperature together)."""
-    wall: dict[tuple[float, int], dict[str, float]] = {}
-    for r in rows:
-        if r["method"] in ("dflash", "ddtree") and r.get("ms_per_round"):
-            name = "chain" if r["method"] == "dflash" else str(r["budget"])
-            wall.setdefault((r["temperature"], r["batch"]), {})[name] = r["ms_per_round"]
+    # named as the auto budget's stats name its candidates
+    wall = fixed_cells(rows, "ms_per_round", lambda method, budget: "chain" if method == "dflash" else str(budget))
     out = []
     for r in rows:
         if r["method"] != "ddtree-auto":
