@@ -25,6 +25,16 @@ class OutOfTime(RuntimeError):
     (finished configurations are kept), so its step must not count as done."""
 
 
+def exit_with(main) -> None:
+    """``sys.exit(main())`` for a driver run by run_all.sh: OutOfTime exits 3 with its one-line reason instead of a
+    traceback (the step is not done; the next call goes on from the finished configurations)."""
+    try:
+        sys.exit(main())
+    except OutOfTime as exc:
+        print(exc, flush=True)
+        sys.exit(3)
+
+
 def seconds_left(env: dict | None = None, now: float | None = None) -> float | None:
     """Seconds left in run_all.sh's call (its exported RUN_ALL_DEADLINE), or None outside it."""
     env = os.environ if env is None else env

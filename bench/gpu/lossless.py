@@ -29,11 +29,10 @@ import datetime
 import json
 import math
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-from engine_run import OutOfTime, run_config
+from engine_run import exit_with, run_config
 
 #: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing);
 #: with the forced runner-up, budgets 4, 8 and 16 all accept depth >= 3 and non-first siblings (CPU-tested in
@@ -311,8 +310,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except OutOfTime as exc:  # run_all.sh's call is nearly over: the next call goes on from the finished engines
-        print(exc, flush=True)
-        sys.exit(3)
+    exit_with(main)

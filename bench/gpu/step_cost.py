@@ -26,11 +26,10 @@ import argparse
 import gzip
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from engine_run import OutOfTime, run_config
+from engine_run import exit_with, run_config
 
 LAUNCH_NAMES = {
     "cudaLaunchKernel",
@@ -341,8 +340,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except OutOfTime as exc:  # run_all.sh's call is nearly over: the next call goes on from the finished engines
-        print(exc, flush=True)
-        sys.exit(3)
+    exit_with(main)
