@@ -116,21 +116,28 @@ hybrid_layers() {
   if [ "${mib:-0}" -ge 130000 ]; then echo 40; else echo 20; fi
 }
 
-train_wait() {  # until train_pair.py (train-start) has finished, within this call's time
-  while [ ! -e "$STATE/train.rc" ]; do
+train_start() {  # train_pair.py in its own process session, so that it outlives this call while the machine is held
+  setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair' >'$STATE/train.log' 2>&1;
+    echo \$? >'$STATE/train.rc'" </dev/null >/dev/null 2>&1 &
+  echo "bench/gpu/train_pair.py --out $STATE/pair in the background (log $STATE/train.log)"
+}
+
+wait_training() {  # FILE: until train_pair.py (train-start) has written it, within this call's time
+  while [ ! -e "$1" ]; do
+    if [ -e "$STATE/train.rc" ]; then tail -n 5 "$STATE/train.log"; return 1; fi  # it ended without writing FILE
     if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
     sleep 10
   done
+}
+
+train_wait() {  # until train_pair.py has ended; its exit status
+  wait_training "$STATE/train.rc" || return 1
   tail -n 5 "$STATE/train.log"
   return "$(cat "$STATE/train.rc")"
 }
 
 pair_wait() {  # until the pair is saved: train_pair.py writes eval_prompts.json after both models, then evaluates
-  while [ ! -e "$STATE/pair/eval_prompts.json" ]; do
-    if [ -e "$STATE/train.rc" ]; then tail -n 5 "$STATE/train.log"; return 1; fi  # ended without a pair
-    if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
-    sleep 10
-  done
+  wait_training "$STATE/pair/eval_prompts.json"
 }
 
 run_step() {
@@ -148,17 +155,12 @@ run_step() {
         BUDGETS='${HYBRID_BUDGETS:-4,8,16}' gpu lossless-hybrid '$S'" ;;
     hybrid) step hybrid bash -c "$(declare -f gpu); RESUME=1 gpu models-hybrid '$S' && RESUME=1 gpu measure-hybrid '$S'" ;;
     train-start)
-      case " ${SKIP:-} " in *" train-start "*) echo "== train-start: skipped (SKIP)"; return 0 ;; esac
       if [ -e "$STATE/train.rc" ] && [ "$(cat "$STATE/train.rc")" != 0 ]; then  # it failed: start it again
         echo "== train-start: the last training failed (rc $(cat "$STATE/train.rc")), starting it again:"
         tail -n 3 "$STATE/train.log"
         rm -f "$STATE/train.rc" "$STATE/done-train-start" "$STATE/done-train-wait" "$STATE/done-pair-wait"
       fi
-      if [ -e "$STATE/done-train-start" ]; then echo "== train-start: started earlier"; return 0; fi
-      echo "== train-start: bench/gpu/train_pair.py --out $STATE/pair in the background (log $STATE/train.log)"
-      setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair' >'$STATE/train.log' 2>&1;
-        echo \$? >'$STATE/train.rc'" </dev/null >/dev/null 2>&1 &
-      touch "$STATE/done-train-start" ;;
+      step train-start bash -c train_start ;;
     train-wait) step train-wait bash -c train_wait ;;
     pair-wait) step pair-wait bash -c pair_wait ;;
     lossless-trained)
@@ -201,7 +203,7 @@ run_step() {
 
 sglang_env
 export -f sglang_setup
-export -f train_wait pair_wait left
+export -f train_start wait_training train_wait pair_wait left
 export T0 DEADLINE_S
 export RUN_ALL_DEADLINE=$((T0 + DEADLINE_S))  # bench/gpu/engine_run.py starts no engine too close to it
 # Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
