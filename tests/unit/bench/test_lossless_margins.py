@@ -68,20 +68,3 @@ def test_round_summary_counts_rounds_whose_tree_was_built_in_the_drafter_graph()
     assert summary["rounds_by_width"] == {"17": [2, 2], "9": [1, 0]}
     assert summary["accepted_depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 1}
 
-
-class _ConstructedEngine:
-    """Stands in for an SGLang engine (no GPU in CI): each request's verify rounds are its first token id."""
-
-    def generate(self, input_ids, sampling_params):
-        n = sampling_params["max_new_tokens"]
-        return [{"meta_info": {"completion_tokens": n, "spec_verify_ct": ids[0]}} for ids in input_ids]
-
-
-def test_tau_counts_rounds_per_request_of_the_last_timed_pass():
-    prompts = [[3, 9], [5, 9], [2, 9]]
-    out = sglang_ddtree_run.run_tau(_ConstructedEngine(), prompts, [1, 2], [0.0], 11, "DFLASH", repeats=2)
-    one, two = out["tau"]
-    assert one["rounds_per_request"] == [3, 5, 2]  # prompt order at batch 1
-    assert two["rounds_per_request"] == [3, 5, 2, 3]  # cycled to fill the last group of 2
-    assert one["rounds"] == 2 * (3 + 5 + 2)  # two timed passes
-    assert one["tau"] == pytest.approx(2 * 3 * 10 / one["rounds"])

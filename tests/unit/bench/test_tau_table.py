@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))  # tau.py imports engine_run fro
 spec = importlib.util.spec_from_file_location("tau_bench", ROOT / "bench" / "gpu" / "tau.py")
 tau = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tau)
+import sglang_ddtree_run  # the runner's tau mode, beside tau.py's table
 
 
 @pytest.mark.parametrize(
@@ -113,3 +114,21 @@ def test_the_clock_check_sets_auto_measured_costs_beside_the_fixed_engines_wall_
     assert check[0] == {"auto": "auto", "clock": "events", "temperature": 0.0, "batch": 8, "bucket": "b<=8",
                         "measured_ms": {"chain": 6.5, "32": 6.6}, "wall_ms_per_round": {"chain": 6.8, "32": 8.1}}
     assert check[1]["bucket"] == "b<=4" and check[1]["measured_ms"] == {} and check[1]["wall_ms_per_round"] == {}
+
+
+class _ConstructedEngine:
+    """Stands in for an SGLang engine (no GPU in CI): each request's verify rounds are its first token id."""
+
+    def generate(self, input_ids, sampling_params):
+        n = sampling_params["max_new_tokens"]
+        return [{"meta_info": {"completion_tokens": n, "spec_verify_ct": ids[0]}} for ids in input_ids]
+
+
+def test_tau_counts_rounds_per_request_of_the_last_timed_pass():
+    prompts = [[3, 9], [5, 9], [2, 9]]
+    out = sglang_ddtree_run.run_tau(_ConstructedEngine(), prompts, [1, 2], [0.0], 11, "DFLASH", repeats=2)
+    one, two = out["tau"]
+    assert one["rounds_per_request"] == [3, 5, 2]  # prompt order at batch 1
+    assert two["rounds_per_request"] == [3, 5, 2, 3]  # cycled to fill the last group of 2
+    assert one["rounds"] == 2 * (3 + 5 + 2)  # two timed passes
+    assert one["tau"] == pytest.approx(2 * 3 * 10 / one["rounds"])
