@@ -67,4 +67,3 @@ def test_round_summary_counts_rounds_whose_tree_was_built_in_the_drafter_graph()
     assert summary["graph_rounds"] == 2
     assert summary["rounds_by_width"] == {"17": [2, 2], "9": [1, 0]}
     assert summary["accepted_depth_histogram"] == {"0": 1, "1": 1, "2": 1, "3": 1}
-
