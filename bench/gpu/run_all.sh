@@ -123,6 +123,7 @@ train_start() {  # train_pair.py in its own process session, so that it outlives
 }
 
 wait_training() {  # FILE: until train_pair.py (train-start) has written it, within this call's time
+  if [ ! -e "$1" ] && [ ! -e "$STATE/train.log" ]; then echo "no training in $STATE: run train-start first"; return 1; fi
   while [ ! -e "$1" ]; do
     if [ -e "$STATE/train.rc" ]; then tail -n 5 "$STATE/train.log"; return 1; fi  # it ended without writing FILE
     if [ "$(left)" -lt 40 ]; then echo "training still running: $(tail -n 1 "$STATE/train.log")"; return 1; fi
@@ -218,7 +219,8 @@ steps=${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless s
 steps=${steps//issue23/$ISSUE23}
 for name in ${steps//issue24/$ISSUE24}; do
   case "$name" in core-*) ;; *) sglang_env ;; esac
-  run_step "$name"
+  run_step "$name" && continue
+  case "$name" in *-wait) echo "== run_all: $name did not finish; the steps after it wait for the next call"; break ;; esac
 done
 shopt -s nullglob
 done_steps=("$STATE"/done-*)
