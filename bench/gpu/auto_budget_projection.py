@@ -68,10 +68,9 @@ def auto_pick(costs: dict[str, float], expected: dict[str, float], batch: int) -
     ids = tuple(CHAIN if n == CHAIN_NAME else int(n) for n in names)
     model = OnlineStepCost(ids, min_samples=1)
     exp = [expected[n] for n in names]
-    for _ in ids:  # exploration: each candidate issued once, then measured
-        model.choose(exp, batch)
-    for cid, n in zip(ids, names, strict=True):
-        model.record(cid, batch, costs[n])
+    for _ in ids:  # the first sweep: each candidate issued once, then measured
+        cid = model.choose(exp, batch)
+        model.record(cid, batch, costs[names[ids.index(cid)]], model.last_tag)
     pick = model.choose(exp, batch)
     return CHAIN_NAME if pick == CHAIN else str(pick)
 

@@ -454,96 +454,123 @@ def test_online_cost_buckets(batch, bucket):
     assert OnlineStepCost((CHAIN, 8)).bucket(batch) == bucket
 
 
-def test_online_cost_records_an_average_and_ignores_bad_samples():
-    costs = OnlineStepCost((CHAIN, 8), alpha=0.5)
+def _serve(costs: OnlineStepCost, true_ms: dict, expected: list[float], steps: int, batch: int = 1) -> list:
+    """Steps of a server whose step of candidate c takes ``true_ms[c]``: each measured at once, with its tag.
+    Returns (candidate, was a sweep step) per step."""
+    picks = []
+    for _ in range(steps):
+        candidate = costs.choose(expected, batch)
+        tag = costs.last_tag
+        costs.record(candidate, batch, true_ms[candidate], tag)
+        picks.append((candidate, tag is not None))
+    return picks
+
+
+def test_online_cost_ignores_bad_samples_and_refuses_bad_settings():
+    costs = OnlineStepCost((CHAIN, 8), min_samples=1)
     assert costs.costs(1) == [None, None]
-    costs.record(8, 1, 10.0)
-    costs.record(8, 1, 20.0)
+    for _ in range(2):
+        costs.choose([0.0, 0.0], 1)
     for bad in (float("nan"), float("inf"), 0.0, -3.0):
-        costs.record(8, 1, bad)
-    assert costs.costs(1) == [None, 15.0] and costs.costs(2) == [None, None]
-    assert costs.samples[0][1] == 2
+        costs.record(8, 1, bad, (0, 1))
+    assert costs.samples[0] == [0, 0] and costs.costs(1) == [None, None]
     with pytest.raises(ValueError):
         costs.record(16, 1, 1.0)  # not a candidate
     with pytest.raises(ValueError):
         costs.bucket(0)
-    with pytest.raises(ValueError):
-        OnlineStepCost((8, 8))
-    with pytest.raises(ValueError):
-        OnlineStepCost((8,), alpha=0.0)
+    with pytest.raises(ValueError, match="expectations for 2 candidates"):
+        costs.choose([1.0], 1)
+    for bad in ({"candidates": (8, 8)}, {"alpha": 0.0}, {"clip": 1.0}, {"refresh_burst": 0}, {"ratio_alpha": 0.0},
+                {"settle_steps": 0}, {"min_samples": 1, "unsampled_per_burst": 1}):
+        with pytest.raises(ValueError):
+            OnlineStepCost(**{"candidates": (CHAIN, 8), **bad})
 
 
-def test_online_cost_is_robust_to_one_off_slow_steps():
-    """The H200 run of 12-05: a width's first step compiled a Triton kernel (0.9 s against 3-5 ms) and the plain
-    average kept that candidate priced out; the median of the first samples and the clipped average do not."""
-    costs = OnlineStepCost((CHAIN, 8, 32), alpha=0.2, min_samples=3, clip=2.0)
-    for ms in (936.0, 4.0, 4.2):
-        costs.record(32, 1, ms)
-    for ms in (3.4, 3.5, 3.6):
-        costs.record(8, 1, ms)
-    for ms in (5.0, 5.1, 5.2):
-        costs.record(CHAIN, 1, ms)
-    assert costs.costs(1) == [5.1, 3.5, 4.2]
-    for _ in range(9):
-        costs.choose([1.0, 1.5, 3.0], 1)  # exploration: three each
-    assert costs.choose([1.0, 1.5, 3.0], 1) == 32  # 4 tokens in 4.2 ms beats 2.5 in 3.5 and 2 in 5.1
-    costs.record(32, 1, 900.0)  # a later one-off (a new batch-size specialisation): at most +alpha * (clip - 1)
-    assert costs.costs(1)[2] == pytest.approx(4.2 * 1.2)
-    assert costs.choose([1.0, 1.5, 3.0], 1) == 32
-    for _ in range(20):  # a lasting change (longer contexts: every step 3x slower) is followed
-        costs.record(8, 1, 10.5)
-    assert costs.costs(1)[1] == pytest.approx(10.5, rel=0.05)
-    with pytest.raises(ValueError):
-        OnlineStepCost((8, 16), clip=1.0)
-
-
-def test_online_choice_explores_every_candidate_per_bucket_then_picks_the_fastest():
-    costs = OnlineStepCost((CHAIN, 4, 8), min_samples=2)
+def test_the_first_sweep_explores_every_candidate_per_bucket_then_the_fastest_is_chosen():
+    costs = OnlineStepCost((CHAIN, 4, 8), min_samples=2, alpha=1.0)
     expected = [1.0, 1.5, 2.0]
-    # exploration ignores the expectations: every candidate twice, in order, in each batch bucket
-    assert [costs.choose(expected, 1) for _ in range(6)] == [CHAIN, CHAIN, 4, 4, 8, 8]
-    assert costs.choose(expected, 8) == CHAIN  # bucket 5-8 starts its own exploration
+    # exploration ignores the expectations: every candidate twice, in order, in each batch bucket, tagged
+    picks = [(costs.choose(expected, 1), costs.last_tag) for _ in range(6)]
+    assert picks == [(CHAIN, (0, 1))] * 2 + [(4, (0, 1))] * 2 + [(8, (0, 1))] * 2
+    assert costs.choose(expected, 8) == CHAIN and costs.last_tag == (3, 1)  # bucket 5-8: its own sweep
     # measured at batch 1: 8 commits 3 tokens in 10 ms, 4 commits 2.5 in 7 ms, the chain 2 in 5 ms
-    for candidate, ms in ((CHAIN, 5.0), (4, 7.0), (8, 10.0)):
-        costs.record(candidate, 1, ms)
-    assert costs.choose(expected, 1) == CHAIN  # 0.4 tokens/ms beats 0.357 and 0.3
-    costs.record(CHAIN, 1, 9.0)  # the chain got slower (median of its first two samples 7 ms): 0.286 tokens/ms
-    assert costs.choose(expected, 1) == 4
+    for candidate, ms in ((CHAIN, 5.0), (CHAIN, 5.0), (4, 7.0), (4, 7.0), (8, 10.0)):
+        costs.record(candidate, 1, ms, (0, 1))
+    assert costs.costs(1) == [None, None, None]  # 8's second sample is still to come
+    costs.record(8, 1, 10.0, (0, 1))
+    assert costs.costs(1) == [pytest.approx(5.0), pytest.approx(7.0), pytest.approx(10.0)]
+    assert costs.choose(expected, 1) == CHAIN and costs.last_tag is None  # 0.4 tokens/ms beats 0.357 and 0.3
+    # every step twice as slow (longer contexts), seen on the chain alone: every candidate's cost follows
+    costs.record(CHAIN, 1, 10.0)
+    assert costs.costs(1) == [pytest.approx(10.0), pytest.approx(14.0), pytest.approx(20.0)]
+    assert costs.choose(expected, 1) == CHAIN
     # the same rates: the earlier candidate
     tie = OnlineStepCost((CHAIN, 8), min_samples=1)
-    tie.choose([1.0, 3.0], 1), tie.choose([1.0, 3.0], 1)
-    tie.record(CHAIN, 1, 2.0), tie.record(8, 1, 4.0)
+    _serve(tie, {CHAIN: 2.0, 8: 4.0}, [1.0, 3.0], 2)
     assert tie.choose([1.0, 3.0], 1) == CHAIN
 
 
-def test_online_choice_before_any_measurement_is_the_widest_and_skips_unmeasured():
-    costs = OnlineStepCost((CHAIN, 4, 16), min_samples=1)
-    for _ in range(3):
-        costs.choose([5.0, 5.0, 5.0], 1)  # explored (issued), nothing measured yet: the events are pending
-    assert costs.choose([5.0, 5.0, 5.0], 1) == 16
-    costs.record(4, 1, 50.0)  # only 4 measured: it is the only one priced
-    assert costs.choose([0.0, 0.0, 100.0], 1) == 4
+def test_online_cost_is_robust_to_one_off_slow_steps():
+    """The H200 run of 12-05: a width's first step compiled a Triton kernel (0.9 s against 3-5 ms); the sweep's
+    lower median and the clipped level keep it from pricing that candidate out."""
+    costs = OnlineStepCost((CHAIN, 8, 32), alpha=0.2, min_samples=3, clip=2.0)
+    for _ in range(9):
+        costs.choose([1.0, 1.5, 3.0], 1)  # exploration: three each
+    for candidate, samples in ((32, (936.0, 4.0, 4.2)), (8, (3.4, 3.5, 3.6)), (CHAIN, (5.0, 5.1, 5.2))):
+        for ms in samples:
+            costs.record(candidate, 1, ms, (0, 1))
+    assert costs.costs(1) == [pytest.approx(5.1), pytest.approx(3.5), pytest.approx(4.2)]
+    assert costs.choose([1.0, 1.5, 3.0], 1) == 32  # 4 tokens in 4.2 ms beats 2.5 in 3.5 and 2 in 5.1
+    costs.record(32, 1, 900.0)  # a later one-off (a new batch-size specialisation): at most a factor clip ** alpha
+    assert costs.costs(1)[2] == pytest.approx(4.2 * 2.0**0.2)
+    assert costs.choose([1.0, 1.5, 3.0], 1) == 32
 
 
-def test_online_choice_measures_a_candidate_again_after_refresh_steps():
-    costs = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_steps=10)
-    costs.choose([0.0, 0.0], 1), costs.choose([0.0, 0.0], 1)
-    costs.record(CHAIN, 1, 1.0), costs.record(8, 1, 100.0)
-    picks = [costs.choose([0.0, 0.0], 1) for _ in range(30)]
-    assert picks.count(8) == 2 and picks[10] == 8 and picks[21] == 8, picks  # once every 11 steps of the bucket
-    assert set(picks) - {8} == {CHAIN}
+def test_a_change_of_load_is_priced_for_every_candidate_not_only_the_one_issued():
+    """The tau run of 12-06b: a candidate's cost measured under one load must not be compared, stale, with the fresh
+    cost of the candidate being issued under another. Here temperature-1 batches first (rounds twice as slow, the
+    widest tree's more so: 16 is the best), then greedy ones (32 is): 32's cost measured under sampling (9 ms) kept
+    it from ever being issued again, at 2000-step refreshes, while 16's followed the load down to 3.2 ms."""
+    costs = OnlineStepCost((CHAIN, 16, 32))
+    expected = [2.0, 3.0, 4.0]
+    sampling = {CHAIN: 6.0, 16: 6.4, 32: 9.0}  # tokens per ms: 0.5, 0.625, 0.556
+    greedy = {CHAIN: 3.0, 16: 3.2, 32: 3.3}  # 1.0, 1.25, 1.52
+    first = _serve(costs, sampling, expected, 300)
+    assert {c for c, sweep in first[-40:] if not sweep} == {16}
+    second = _serve(costs, greedy, expected, 600)
+    swept = next(i for i, (_, sweep) in enumerate(second) if sweep)  # the first sweep under the new load
+    assert swept == 212 and {c for c, sweep in second[swept:] if not sweep} == {32}, second[swept:]
+    assert costs.sweeps[0] == 4  # the bucket's steps 1, 257, 513 and 769
+    assert costs.costs(1)[2] == pytest.approx(3.3, rel=0.02)
 
 
-def test_a_refresh_issues_the_stale_candidate_on_refresh_burst_steps_in_a_row():
+def test_sweeps_recur_every_refresh_steps_with_refresh_burst_steps_per_candidate():
     costs = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_steps=10, refresh_burst=3)
-    costs.choose([0.0, 0.0], 1), costs.choose([0.0, 0.0], 1)
-    costs.record(CHAIN, 1, 1.0), costs.record(8, 1, 100.0)
-    costs.choose([0.0, 0.0], 4)  # another bucket's steps do not count towards bucket 1's burst
-    picks = [costs.choose([0.0, 0.0], 1) for _ in range(30)]
-    assert picks[10:13] == [8, 8, 8] and picks.count(8) == 6, picks  # two refreshes of 3 steps each
-    assert picks[:10] == [CHAIN] * 10 and picks[13] == CHAIN
-    with pytest.raises(ValueError, match="refresh_burst >= 1"):
-        OnlineStepCost((CHAIN, 8), refresh_burst=0)
+    costs.choose([0.0, 0.0], 4)  # another bucket's steps do not count towards bucket 1's
+    picks = _serve(costs, {CHAIN: 1.0, 8: 100.0}, [0.0, 0.0], 30)
+    assert [c for c, _ in picks[:2]] == [CHAIN, 8] and picks[2] == (CHAIN, False)
+    assert [c for c, _ in picks[10:16]] == [CHAIN] * 3 + [8] * 3 and all(sweep for _, sweep in picks[10:16])
+    assert [c for c, _ in picks[20:26]] == [CHAIN] * 3 + [8] * 3
+    assert [c for c, _ in picks].count(8) == 7 and {c for c, sweep in picks if not sweep} == {CHAIN}
+    assert costs.costs(1) == [pytest.approx(1.0), pytest.approx(100.0)]
+
+
+def test_before_any_measurement_the_widest_and_a_sweep_settles_with_what_arrived():
+    costs = OnlineStepCost((CHAIN, 4, 16), min_samples=1, settle_steps=3)
+    for _ in range(3):
+        costs.choose([5.0, 5.0, 5.0], 1)  # explored, nothing measured yet: the events are pending
+    assert costs.choose([5.0, 5.0, 5.0], 1) == 16 and costs.costs(1) == [None, None, None]
+    costs.record(4, 1, 50.0, (0, 1))  # only 4's sample arrives
+    assert costs.choose([0.0, 0.0, 100.0], 1) == 16  # still within settle_steps of the sweep's end
+    assert costs.choose([0.0, 0.0, 100.0], 1) == 4  # settled with 4 alone: the only candidate priced
+    assert costs.costs(1) == [None, pytest.approx(50.0), None]
+    costs.record(16, 1, 1.0, (0, 1))  # a late sample of the settled sweep: an unmeasured candidate's, ignored
+    assert costs.costs(1) == [None, pytest.approx(50.0), None]
+    # the next sweep measures the others relative to 4, whose ratio stays where it was
+    costs.refresh_steps = costs.refresh_burst = 1
+    picks = _serve(costs, {CHAIN: 25.0, 4: 50.0, 16: 100.0}, [0.0, 0.0, 0.0], 3)
+    assert [c for c, _ in picks] == [CHAIN, 4, 16]
+    assert costs.costs(1) == [pytest.approx(25.0), pytest.approx(50.0), pytest.approx(100.0)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

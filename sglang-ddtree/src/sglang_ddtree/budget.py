@@ -455,51 +455,78 @@ def choose_budget(expected: torch.Tensor | Sequence[float], table: StepCostTable
 class OnlineStepCost:
     """Step costs measured while serving, and the per-step choice made from them.
 
-    Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) and candidate: the step's
-    duration in ms (``ema[k][c]``) and its sample count (``samples[k][c]``), fed by :meth:`record`. The estimate
-    is robust to one-off slow steps (a Triton kernel compiled at a width's first use took 0.9 s on the H200, 12-05,
-    against 3-5 ms a step): the median of the cell's first ``min_samples`` samples, then an exponential moving
-    average whose samples are clipped to within ``clip`` times the estimate (a spike moves it by at most
-    ``alpha * (clip - 1)``; a lasting change is followed within a few steps). Fed by :meth:`choose`: how often the
-    choice issued each candidate (``issued``) and at which of the bucket's steps it last did (``last``; ``steps[k]``
-    counts the bucket's steps). Plain Python lists on the host (a few hundred numbers; about 10 us a step, no tensor
-    op).
+    Per batch-size bucket (:meth:`bucket`: 1, 2, 3-4, 5-8, ... up to ``num_buckets``) the cost of candidate c is a
+    level times c's ratio to it, ``exp(level + ratio[c])`` ms (log space):
+
+    * the **ratios** come from **sweeps**: every candidate issued on a few consecutive steps of the bucket
+      (``min_samples`` steps each in the bucket's first sweep, the exploration; ``refresh_burst`` in the later ones,
+      one every ``refresh_steps`` of the bucket's steps). The candidates of one sweep are measured within a few
+      steps of each other, under the same load (context length, temperature mix, what else the host runs), so their
+      relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off
+      slow step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05,
+      never sets it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``);
+    * the **level** follows every other step: whatever the choice issues, its measured duration over its ratio moves
+      the level by ``alpha`` (the log residual clipped to a factor ``clip``). When every step gets slower (longer
+      contexts, temperature-1 batches after greedy ones) the level moves and every candidate's cost with it.
+
+    The costs of 12-06 kept each candidate's own average instead: the candidate the choice issued followed the load
+    (its cost doubled when sampling batches came) while the others kept the costs measured at exploration, under
+    other load, for up to 2000 steps, so the choice compared a fresh cost against stale ones
+    (``bench/results/tau-h100-2026-12-06b.md``).
+
+    A step's sample is tagged by :meth:`choose` (``last_tag``: (bucket, sweep) on a sweep step, else None) and the
+    tag is handed back to :meth:`record` with the duration, which may arrive steps later (CUDA events are read once
+    done; the period clock prices a round at the start of the next one). A sweep's ratios are set once its last step
+    is issued and every candidate has ``refresh_burst - unsampled_per_burst`` samples (``min_samples - ...`` for the
+    first), or ``settle_steps`` of the bucket's steps after it, with what arrived; a later sample of it counts for
+    the level. Plain Python floats and lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
 
     :meth:`choose` is a function of these tables, the batch size and the expectations only (under tensor
-    parallelism the worker lets the first rank choose and broadcasts it: ``sglang/auto_budget.py``).
+    parallelism every rank runs it, so that the sweeps stay in step, and the first rank's choice is broadcast:
+    ``sglang/auto_budget.py``).
 
-    Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha: weight of a new
-    sample in (0, 1]; min_samples >= 1: each candidate is issued this many times per bucket before the measured
-    costs decide (exploration); refresh_steps >= 1: a candidate the choice has not issued for this many of the
-    bucket's steps is issued again, so that a cost that drifts (longer contexts) is measured again, on
-    refresh_burst >= 1 consecutive steps of the bucket (a cost measured as the time between two rounds of the same
-    candidate needs two in a row: ``sglang/auto_budget.py``'s period clock); num_buckets >= 1; clip > 1.
+    Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha in (0, 1]: the level's
+    weight of a new step; min_samples >= 1 and refresh_burst >= 1: consecutive steps per candidate in the first and
+    in later sweeps; refresh_steps >= 1: the bucket's steps from one sweep's start to the next; unsampled_per_burst
+    >= 0: steps of a burst that give no sample (1 for the period clock, which prices a round only after another of
+    the same candidate), below both bursts; num_buckets >= 1; clip > 1; ratio_alpha in (0, 1]; settle_steps >= 1.
     """
 
     candidates: tuple[int, ...]
     alpha: float = 0.2
     min_samples: int = 3
-    refresh_steps: int = 2000
+    refresh_steps: int = 256
     num_buckets: int = 12
     clip: float = 2.0
-    refresh_burst: int = 1
+    refresh_burst: int = 2
+    unsampled_per_burst: int = 0
+    ratio_alpha: float = 0.5
+    settle_steps: int = 4
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
             raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
         if (not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1
-                or not self.clip > 1.0 or self.refresh_burst < 1):
+                or not self.clip > 1.0 or self.refresh_burst < 1 or not 0.0 < self.ratio_alpha <= 1.0
+                or self.settle_steps < 1
+                or not 0 <= self.unsampled_per_burst < min(self.min_samples, self.refresh_burst)):
             raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1, "
-                             "refresh_burst >= 1")
-        width = len(self.candidates)
-        self.ema: list[list[float]] = [[0.0] * width for _ in range(self.num_buckets)]
-        self.samples: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
-        self.issued: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
-        self.last: list[list[int]] = [[0] * width for _ in range(self.num_buckets)]
-        self.steps: list[int] = [0] * self.num_buckets
-        self._burst: list[tuple[int, int]] = [(0, 0)] * self.num_buckets  # (candidate index, steps still to issue)
-        self._first: list[list[list[float]]] = [[[] for _ in range(width)] for _ in range(self.num_buckets)]
+                             "refresh_burst >= 1, 0 < ratio_alpha <= 1, settle_steps >= 1, "
+                             "0 <= unsampled_per_burst < min(min_samples, refresh_burst)")
+        width, buckets = len(self.candidates), range(self.num_buckets)
+        self.level: list[float | None] = [None for _ in buckets]
+        self.ratio: list[list[float]] = [[0.0] * width for _ in buckets]
+        self.measured: list[list[bool]] = [[False] * width for _ in buckets]
+        self.samples: list[list[int]] = [[0] * width for _ in buckets]
+        self.steps: list[int] = [0 for _ in buckets]
+        self.sweeps: list[int] = [0 for _ in buckets]  # sweeps started per bucket
+        self._queue: list[list[int]] = [[] for _ in buckets]  # candidate indices the current sweep still issues
+        self._sweep_start: list[int] = [0 for _ in buckets]
+        self._sweep_end: list[int] = [0 for _ in buckets]  # the bucket step that issued its last candidate
+        self._pool: list[list[list[float]] | None] = [None for _ in buckets]  # the open sweep's samples
         self._index = {c: i for i, c in enumerate(self.candidates)}
+        self._log_clip = math.log(self.clip)
+        self.last_tag: tuple[int, int] | None = None
 
     def bucket(self, batch_size: int) -> int:
         """0 for batch 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...: ceil(log2(batch_size)), capped at num_buckets - 1."""
@@ -507,38 +534,73 @@ class OnlineStepCost:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         return min(int(batch_size - 1).bit_length(), self.num_buckets - 1)
 
-    def record(self, candidate: int, batch_size: int, ms: float) -> None:
-        """Fold one step's measured duration (ms > 0 and finite; anything else is ignored) into its cell."""
+    def _clipped(self, x: float) -> float:
+        return min(max(x, -self._log_clip), self._log_clip)
+
+    def record(self, candidate: int, batch_size: int, ms: float, tag: tuple[int, int] | None = None) -> None:
+        """Fold one step's measured duration (ms > 0 and finite; anything else is ignored) into its bucket;
+        ``tag``: what :meth:`choose` set as ``last_tag`` for that step."""
         if not (math.isfinite(ms) and ms > 0):
             return
         if candidate not in self._index:
             raise ValueError(f"{candidate} is not a candidate {self.candidates}")
         k, c = self.bucket(batch_size), self._index[candidate]
-        n = self.samples[k][c]
-        if n < self.min_samples:
-            first = self._first[k][c]
-            first.append(ms)
-            self.ema[k][c] = statistics.median(first)
-            if n + 1 == self.min_samples:
-                first.clear()
-        else:
-            est = self.ema[k][c]
-            self.ema[k][c] = (1.0 - self.alpha) * est + self.alpha * min(max(ms, est / self.clip), est * self.clip)
-        self.samples[k][c] = n + 1
+        self.samples[k][c] += 1
+        pool = self._pool[k]
+        if pool is not None and tag == (k, self.sweeps[k]):
+            pool[c].append(ms)
+            self._settle(k)
+            return
+        level = self.level[k]
+        if level is not None and self.measured[k][c]:
+            self.level[k] = level + self.alpha * self._clipped(math.log(ms) - level - self.ratio[k][c])
+
+    def _settle(self, k: int) -> None:
+        """Set the ratios from the open sweep of bucket k once it is complete or settled (see the class)."""
+        pool = self._pool[k]
+        if pool is None or self._queue[k]:
+            return
+        burst = self.min_samples if self.sweeps[k] == 1 else self.refresh_burst
+        complete = all(len(p) >= burst - self.unsampled_per_burst for p in pool)
+        if not complete and self.steps[k] - self._sweep_end[k] < self.settle_steps:
+            return
+        self._pool[k] = None
+        stat = {c: math.log(statistics.median_low(p)) for c, p in enumerate(pool) if p}
+        if not stat:
+            return
+        ratio, measured = self.ratio[k], self.measured[k]
+        known = [c for c in stat if measured[c]]
+        if not known:  # the bucket's first costs, or only candidates never measured: relative to each other
+            base = statistics.fmean(stat.values())
+            for c, x in stat.items():
+                ratio[c] = x - base
+            self.level[k] = base if self.level[k] is None else self.level[k]
+        else:  # relative to the candidates measured before, whose mean ratio stays where it was
+            shift = statistics.fmean(ratio[c] for c in known) - statistics.fmean(stat[c] for c in known)
+            for c, x in stat.items():
+                if measured[c]:
+                    ratio[c] += self.ratio_alpha * self._clipped(x + shift - ratio[c])
+                else:
+                    ratio[c] = x + shift
+            level = statistics.fmean(stat[c] - ratio[c] for c in known)
+            self.level[k] += self.ratio_alpha * self._clipped(level - self.level[k])
+        for c in stat:
+            measured[c] = True
 
     def costs(self, batch_size: int) -> list[float | None]:
         """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
         k = self.bucket(batch_size)
-        return [e if n > 0 else None for e, n in zip(self.ema[k], self.samples[k], strict=True)]
+        level = self.level[k]
+        return [math.exp(level + r) if level is not None and m else None
+                for r, m in zip(self.ratio[k], self.measured[k], strict=True)]
 
     def choose(self, expected: Sequence[float], batch_size: int) -> int:
-        """The candidate to verify this step, and count it as issued.
+        """The candidate to verify this step; sets ``last_tag`` for :meth:`record`.
 
-        In order: the first candidate issued fewer than ``min_samples`` times at this bucket (exploration); the
-        candidate issued least recently, when that was more than ``refresh_steps`` of the bucket's steps ago
-        (refresh, then on the next ``refresh_burst - 1`` steps of the bucket too); else the candidate with the most
-        committed tokens per second, ``batch_size * (E + 1) / cost``, among those measured here (ties: the earlier
-        candidate); the widest candidate when none is measured yet.
+        In order: the current sweep's next candidate (a sweep starts at the bucket's first step and every
+        ``refresh_steps`` of its steps after the last one started, once that one's ratios are set); else the
+        candidate with the most committed tokens per second, ``batch_size * (E + 1) / cost``, among those measured
+        here (ties: the earlier candidate); the widest candidate when none is measured yet.
 
         Args:
             expected: C expected accepted draft nodes per request (a batch mean), in ``candidates`` order.
@@ -549,28 +611,31 @@ class OnlineStepCost:
         k = self.bucket(batch_size)
         self.steps[k] += 1
         step = self.steps[k]
-        issued, last = self.issued[k], self.last[k]
-        pick = next((c for c, n in enumerate(issued) if n < self.min_samples), None)
-        burst, left = self._burst[k]
-        if pick is None and left > 0:
-            pick = burst
-            self._burst[k] = (burst, left - 1)
-        if pick is None:
-            stale = min(range(len(last)), key=last.__getitem__)
-            if step - last[stale] > self.refresh_steps:
-                pick = stale
-                self._burst[k] = (stale, self.refresh_burst - 1)
-        if pick is None:
-            best = None
-            for c, (e, cost, n) in enumerate(zip(expected, self.ema[k], self.samples[k], strict=True)):
-                if n > 0 and math.isfinite(e):
-                    rate = (float(e) + 1.0) / cost
-                    if best is None or rate > best[0]:
-                        best = (rate, c)
-            pick = best[1] if best is not None else len(self.candidates) - 1
-        issued[pick] += 1
-        last[pick] = step
-        return self.candidates[pick]
+        self._settle(k)
+        queue = self._queue[k]
+        if not queue and self._pool[k] is None and (
+            self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.refresh_steps
+        ):
+            burst = self.min_samples if self.sweeps[k] == 0 else self.refresh_burst
+            queue.extend(c for c in range(len(self.candidates)) for _ in range(burst))
+            self.sweeps[k] += 1
+            self._sweep_start[k] = step
+            self._pool[k] = [[] for _ in self.candidates]
+        if queue:
+            pick = queue.pop(0)
+            if not queue:
+                self._sweep_end[k] = step
+            self.last_tag = (k, self.sweeps[k])
+            return self.candidates[pick]
+        self.last_tag = None
+        costs = self.costs(batch_size)
+        best = None
+        for c, (e, cost) in enumerate(zip(expected, costs, strict=True)):
+            if cost is not None and math.isfinite(e):
+                rate = (float(e) + 1.0) / cost
+                if best is None or rate > best[0]:
+                    best = (rate, c)
+        return self.candidates[best[1] if best is not None else len(self.candidates) - 1]
 
 
 def budget_histogram(chosen: Iterable[int], candidates: Sequence[int]) -> dict[str, int]:

@@ -347,16 +347,18 @@ def test_the_period_clock_prices_a_round_by_the_time_to_the_next_round_of_the_sa
     now = SimpleNamespace(t=0.0)
     timer = _PeriodTimer(lambda bs: min(int(bs - 1).bit_length(), 11), clock=lambda: now.t)
     # rounds (candidate, batch, ms until the next round starts)
-    for candidate, batch, ms in ((8, 2, 6.0), (8, 2, 7.0), (8, 2, 8.0), (CHAIN, 2, 3.0), (CHAIN, 2, 4.0),
-                                 (CHAIN, 5, 2.0), (CHAIN, 6, 9.0), (CHAIN, 6, 1.0)):
-        timer.begin(candidate, batch)
+    rounds = ((8, 2, 6.0), (8, 2, 7.0), (8, 2, 8.0), (CHAIN, 2, 3.0), (CHAIN, 2, 4.0), (CHAIN, 5, 2.0), (CHAIN, 6, 9.0),
+              (CHAIN, 6, 1.0))
+    for i, (candidate, batch, ms) in enumerate(rounds):
+        timer.begin(candidate, batch, f"round {i}")
         now.t += ms / 1000.0
     timer.begin(CHAIN, 6)
     # 8's second and third rounds (each after another 8); the chain's second (after a chain in the same bucket);
     # the round at batch 5 follows one at batch 2 (another bucket): dropped; the two after it are the chain's at
-    # batch 5-8. The first round of each run of a candidate is never priced.
-    assert [(c, b, round(ms, 6)) for c, b, ms in timer.done()] == [
-        (8, 2, 7.0), (8, 2, 8.0), (CHAIN, 2, 4.0), (CHAIN, 6, 9.0), (CHAIN, 6, 1.0)]
+    # batch 5-8. The first round of each run of a candidate is never priced. Each keeps its own round's tag.
+    assert [(c, b, round(ms, 6), tag) for c, b, ms, tag in timer.done()] == [
+        (8, 2, 7.0, "round 1"), (8, 2, 8.0, "round 2"), (CHAIN, 2, 4.0, "round 4"), (CHAIN, 6, 9.0, "round 6"),
+        (CHAIN, 6, 1.0, "round 7")]
     assert timer.done() == []
 
 
@@ -366,6 +368,7 @@ def test_the_period_clock_drops_intervals_across_other_batches_and_idle_time(mon
     now = SimpleNamespace(t=0.0)
     auto = _period_auto(monkeypatch, clock=lambda: now.t)
     assert auto.clock_name == "period" and auto.costs.min_samples == 4 and auto.costs.refresh_burst == 3
+    assert auto.costs.unsampled_per_burst == 1
     auto.timer.begin(8, 1)
     now.t += 0.005
     auto.timer.begin(8, 1)
@@ -376,7 +379,7 @@ def test_the_period_clock_drops_intervals_across_other_batches_and_idle_time(mon
     auto.timer.begin(8, 1)
     now.t += 0.004
     auto.timer.begin(8, 1)
-    assert [round(ms, 6) for _, _, ms in auto.timer.done()] == [4.0]
+    assert [round(ms, 6) for _, _, ms, _ in auto.timer.done()] == [4.0]
 
 
 def test_auto_with_the_period_clock_picks_the_candidate_with_the_most_tokens_per_wall_second(monkeypatch, tmp_path):

@@ -604,7 +604,10 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
         assert worker._target_worker.model_runner.decode_cuda_graph_runner == runners[width]
     auto = worker._ddtree_auto
     assert auto.total == {CHAIN: 1, 3: 1, 8: 1}
-    assert auto.costs.costs(r.bs) == [1.0, 1.0, None]  # the third step's time is read next step
+    assert auto.costs.costs(r.bs) == [None, None, None]  # the sweep is priced once its third step's time is read
+    for candidate, bs, ms, tag in auto.timer.done():  # as the next step's begin_step does
+        auto.costs.record(candidate, bs, ms, tag)
+    assert auto.costs.costs(r.bs) == [1.0, 1.0, 1.0]
     # the choice at step 3 read the expectations of step 1 (lagged by two steps; step 1 had no calibration data)
     first = expected_accept_length(widest, (CHAIN, 3, 8)).mean(dim=0)
     assert len(auto.expectations) == 2 and auto.expected == pytest.approx(first.tolist())
@@ -613,7 +616,7 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
     state = worker.ddtree_budget_state()
     assert (state["policy"], state["candidates"], state["steps"]) == ("auto", ["chain", "3", "8"], 3)
     assert state["budget_histogram"] == {"chain": 1, "3": 1, "8": 1}
-    assert state["step_ms"] == {f"b<={1 << (r.bs - 1).bit_length()}": {"chain": 1.0, "3": 1.0}}
+    assert state["step_ms"] == {f"b<={1 << (r.bs - 1).bit_length()}": {"chain": 1.0, "3": 1.0, "8": 1.0}}
     assert json.loads(json.dumps(state)) == state  # plain JSON, as SGLang sends the internal state
 
 

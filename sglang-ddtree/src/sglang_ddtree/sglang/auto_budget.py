@@ -9,14 +9,14 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
   ``Calibration``), batch-averaged on the device and copied to pinned host memory without waiting; the choice
   at step t reads the copy of step t - :data:`EXPECTATION_LAG` (by then long done: the event wait is normally
   free), so the decode path gains no host synchronisation;
-* the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``:
-  exploration of every candidate per batch bucket, then the fastest in committed tokens per second, re-measured
-  now and then), by one of two clocks (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around
-  every round, read when done; or ``period``, the host time between the starts of two consecutive decode rounds
-  of the same candidate (:class:`_PeriodTimer`), which also holds the host work outside the round (the
-  scheduler's own, SGLang's result processing). On the tiny trained pair (H100, 12-05) the events put budgets 16
-  and 32 at the same cost while a round of 32 took 5.2 ms of wall time against 3.8 for 16; which clock the
-  default should be is for a GPU run to decide. Under tensor parallelism the first rank of the TP group
+* the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``: per
+  batch bucket, the candidates' cost ratios from sweeps of every candidate on a few steps in a row, every 256 of
+  the bucket's steps, and a level that every other step moves), by one of two clocks (:data:`STEP_CLOCK_ENV`):
+  ``events`` (the default), CUDA events around every round, read when done; or ``period``, the host time between
+  the starts of two consecutive decode rounds of the same candidate (:class:`_PeriodTimer`), which also holds the
+  host work outside the round (the scheduler's own, SGLang's result processing). On the tiny trained pair (H100,
+  12-06b) auto with the events clock came closer to the best fixed budget than with the period clock in four of
+  six cells (both with the costs of before the sweeps). Under tensor parallelism the first rank of the TP group
   chooses and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own
   timings differ, and their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed
   order), so a choice made on each rank could split them into different verify widths, which would hang the
@@ -107,35 +107,35 @@ class _StepTimer:
         self.pending: collections.deque = collections.deque()
         self.open: tuple | None = None
 
-    def begin(self, candidate: int, batch_size: int) -> None:
+    def begin(self, candidate: int, batch_size: int, tag: Any = None) -> None:
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
         else:
             start = self.clock()
-        self.open = (candidate, batch_size, start)
+        self.open = (candidate, batch_size, tag, start)
 
     def end(self) -> None:
         if self.open is None:
             return
-        candidate, batch_size, start = self.open
+        candidate, batch_size, tag, start = self.open
         self.open = None
         if self.cuda:
             stop = torch.cuda.Event(enable_timing=True)
             stop.record()
         else:
             stop = self.clock()
-        self.pending.append((candidate, batch_size, start, stop))
+        self.pending.append((candidate, batch_size, tag, start, stop))
 
     def interrupt(self) -> None:
         """Nothing to drop: each round is timed on its own."""
         return None
 
-    def done(self) -> list[tuple[int, int, float]]:
-        """(candidate, batch size, ms) of every finished step, oldest first; never waits."""
+    def done(self) -> list[tuple[int, int, float, Any]]:
+        """(candidate, batch size, ms, the tag given to begin) of every finished step, oldest first; never waits."""
         out = []
         while self.pending:
-            candidate, batch_size, start, stop = self.pending[0]
+            candidate, batch_size, tag, start, stop = self.pending[0]
             if self.cuda:
                 if not stop.query():
                     break
@@ -143,7 +143,7 @@ class _StepTimer:
             else:
                 ms = (stop - start) * 1000.0
             self.pending.popleft()
-            out.append((candidate, batch_size, ms))
+            out.append((candidate, batch_size, ms, tag))
         return out
 
 
@@ -161,17 +161,18 @@ class _PeriodTimer:
         self.bucket = bucket
         self.clock = clock or time.perf_counter
         self.prev: tuple[int, int] | None = None  # (candidate, bucket) of round t-2
-        self.last: tuple[int, int, int, float] | None = None  # (candidate, batch size, bucket, start) of round t-1
-        self.pending: list[tuple[int, int, float]] = []
+        #: (candidate, batch size, bucket, tag, start) of round t-1
+        self.last: tuple[int, int, int, Any, float] | None = None
+        self.pending: list[tuple[int, int, float, Any]] = []
 
-    def begin(self, candidate: int, batch_size: int) -> None:
+    def begin(self, candidate: int, batch_size: int, tag: Any = None) -> None:
         now = self.clock()
         if self.last is not None:
-            last_candidate, last_batch, last_bucket, start = self.last
+            last_candidate, last_batch, last_bucket, last_tag, start = self.last
             if self.prev == (last_candidate, last_bucket) and 0.0 < now - start <= MAX_PERIOD_S:
-                self.pending.append((last_candidate, last_batch, (now - start) * 1000.0))
+                self.pending.append((last_candidate, last_batch, (now - start) * 1000.0, last_tag))
             self.prev = (last_candidate, last_bucket)
-        self.last = (candidate, batch_size, self.bucket(batch_size), now)
+        self.last = (candidate, batch_size, self.bucket(batch_size), tag, now)
 
     def end(self) -> None:
         return None
@@ -179,7 +180,7 @@ class _PeriodTimer:
     def interrupt(self) -> None:
         self.prev = self.last = None
 
-    def done(self) -> list[tuple[int, int, float]]:
+    def done(self) -> list[tuple[int, int, float, Any]]:
         out, self.pending = self.pending, []
         return out
 
@@ -208,7 +209,7 @@ class AutoBudget:
             raise ValueError(f"{STEP_CLOCK_ENV}={os.environ.get(STEP_CLOCK_ENV)!r}: use one of {list(STEP_CLOCKS)} "
                              f"(unset: {STEP_CLOCKS[0]})")
         if self.clock_name == "period":  # a sample needs two rounds of one candidate in a row
-            self.costs = OnlineStepCost(self.candidates, min_samples=4, refresh_burst=3)
+            self.costs = OnlineStepCost(self.candidates, min_samples=4, refresh_burst=3, unsampled_per_burst=1)
             self.timer: Any = _PeriodTimer(self.costs.bucket, clock)
         else:  # this rank's measurements; the first rank's decide
             self.costs = OnlineStepCost(self.candidates)
@@ -238,8 +239,8 @@ class AutoBudget:
             self.chosen.append(self.candidates[0])
             self.total[self.candidates[0]] += 1
             return self.candidates[0]
-        for candidate, bs, ms in self.timer.done():
-            self.costs.record(candidate, bs, ms)
+        for candidate, bs, ms, tag in self.timer.done():
+            self.costs.record(candidate, bs, ms, tag)
         self.steps += 1
         self.sampling = (self.steps - 1) % self.sample_every == 0
         while len(self.expectations) >= EXPECTATION_LAG:
@@ -249,12 +250,16 @@ class AutoBudget:
             self.expected = host.tolist()
             self._expected_sum = [a + b for a, b in zip(self._expected_sum, self.expected, strict=True)]
             self._expected_samples += 1
-        candidate = self.costs.choose(self.expected, batch_size) if self.first_rank else CHAIN
+        # every rank chooses, so that the sweeps (which every rank times on its own) stay in step; the first rank's
+        # choice is the one verified (a sweep step's is the same on every rank, and keeps its tag)
+        candidate = self.costs.choose(self.expected, batch_size)
+        tag = self.costs.last_tag
         if self.tp_group is not None:
-            candidate = self._first_ranks(candidate)
+            chosen = self._first_ranks(candidate)
+            tag, candidate = (tag if chosen == candidate else None), chosen
         self.chosen.append(candidate)
         self.total[candidate] += 1
-        self.timer.begin(candidate, batch_size)
+        self.timer.begin(candidate, batch_size, tag)
         return candidate
 
     def interrupt(self) -> None:
