@@ -33,7 +33,7 @@
 #                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8). COST_AB=1: cost-8b also
 #                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
 #                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (also cost-pair's)
-#   cost-pair         step_cost.py on the trained pair (PAIR_BUDGETS, 16,32; batches 1 and 8): wall ms per step
+#   cost-pair         step_cost.py on the trained pair (PAIR_BUDGETS, 16,32; PAIR_BATCHES, 1,8,32): wall ms per step
 #                     beside the profile's GPU time ("--ab auto:SGLANG_DDTREE_BUDGET=auto" ranks what auto adds)
 #   step-cost         sglang_ddtree_gpu.sh step-cost (issue 18's layout; CONTEXTS)
 #   attn-mask         bench/gpu/attn_mask.py: Triton verify attention with and without the tree mask
@@ -195,7 +195,7 @@ run_step() {
           --budgets ${SHAPE_BUDGETS:-16} --result '$STATE/lossless-shape/lossless-qwen36-27b-hybrid-shape.json'" ;;
     cost-pair) read -r -a ab_args <<<"${COST_AB_ARGS:-}"  # e.g. "--ab auto:SGLANG_DDTREE_BUDGET=auto"
       step cost-pair python3 bench/gpu/step_cost.py --models "$STATE/pair" --work "$STATE/cost-pair" \
-        --label trained-pair --contexts 128 --batches 1,8 --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
+        --label trained-pair --contexts 128 --batches "${PAIR_BATCHES:-1,8,32}" --budgets "${PAIR_BUDGETS:-16,32}" --algos DFLASH,DDTREE \
         --repeats 3 "${ab_args[@]}" ;;
     http-semantics) step http-semantics python3 bench/gpu/http_semantics.py --models "$S/models" --work "$STATE/http-semantics" --budget "${HTTP_BUDGET:-16}" ;;
     *) echo "unknown step $1" >&2; return 2 ;;

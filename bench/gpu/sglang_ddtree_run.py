@@ -138,6 +138,20 @@ def run_sampling(engine, vocab: int, samples: int, params: dict, prompt: list[in
     return {"sampling": {"prompt": prompt, "params": params, "outputs": outs}}
 
 
+def budget_histogram(engine) -> dict[str, int] | None:
+    """How many tree rounds verified each budget so far: the DDTREE worker's report in ``/get_server_info``'s
+    ``internal_states[0]["ddtree_budget"]`` (the plugin's scheduler hook), or None where there is none."""
+    states = engine.get_server_info().get("internal_states") or [{}]
+    return ((states[0] or {}).get("ddtree_budget") or {}).get("budget_histogram")
+
+
+def histogram_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    """The rounds per budget between two :func:`budget_histogram` readings (None if either is missing)."""
+    if before is None or after is None:
+        return None
+    return {name: n - before.get(name, 0) for name, n in after.items()}
+
+
 def run_tau(
     engine, prompt_ids: list[list[int]], batches: list[int], temperatures: list[float], new_tokens: int, algo: str,
     repeats: int = 3,
@@ -150,7 +164,8 @@ def run_tau(
     size: on the tiny pair a single 0.9 s compile outweighs a whole timed pass), then ``repeats`` timed ones.
     tau = sum(completion - 1) / sum(verify rounds) over the timed passes: the first completion token comes from the
     prefill, every other one from a round (bonus included), as the reference's ``tau_emitted``; tok_s = the median
-    over the timed passes of a pass's completion tokens / its wall time."""
+    over the timed passes of a pass's completion tokens / its wall time. A DDTREE row also has ``budget_histogram``,
+    the rounds of its timed passes per budget (read from the server between passes, outside the timed calls)."""
     mark_phase("tau")
     rows = []
     for temp in temperatures:
@@ -159,7 +174,10 @@ def run_tau(
             groups = -(-len(prompt_ids) // bs)
             cycled = [prompt_ids[i % len(prompt_ids)] for i in range(groups * bs)]
             emitted, rounds, tokens, rates = 0, 0, 0, []
+            histogram = None
             for rep in range(repeats + 1):
+                if rep == 1 and algo == "DDTREE":
+                    histogram = budget_histogram(engine)
                 pass_tokens, wall, pass_rounds = 0, 0.0, []
                 for g in range(groups):
                     t0 = time.perf_counter()
@@ -192,6 +210,8 @@ def run_tau(
                     # the last timed pass's verify rounds per request, in prompt order (cycled): beside the
                     # reference's per-prompt rounds, it says which prompts an engine difference is in
                     "rounds_per_request": pass_rounds,
+                    **({"budget_histogram": histogram_delta(histogram, budget_histogram(engine))}
+                       if algo == "DDTREE" else {}),
                 }
             )
     return {"tau": rows}

@@ -78,8 +78,9 @@ def zlab_tau(log: dict, method: str, temperature: float) -> float | None:
 
 def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]:
     """Rows of the result (every configuration x batch x temperature), speedup = tok_s / no speculation's; the
-    auto budget's rows are ``ddtree-auto`` with the run's ``budget_histogram`` (over all its batches) and
-    ``graphs`` (the extra verify widths' capture: widths, seconds, GB)."""
+    auto budget's rows are ``ddtree-auto`` with ``budget_histogram`` (the row's own timed rounds per budget, as the
+    runner read them from the server; the whole run's from the stats file where the runner had none),
+    ``graphs`` (the extra verify widths' capture: widths, seconds, GB), the clock and the step costs measured."""
     base = {(r["batch"], r["temperature"]): r["tok_s"] for r in runs.get(("none", 0), {}).get("tau", [])}
     rows = []
     for (method, budget), rec in runs.items():
@@ -105,6 +106,7 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
                     **({key: (rec.get("budget_stats") or {}).get(key)
                         for key in ("budget_histogram", "graphs", "clock", "step_ms")} if auto else {}),
+                    **({"budget_histogram": r["budget_histogram"]} if auto and r.get("budget_histogram") else {}),
                 }
             )
     return rows

@@ -68,6 +68,10 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     assert period["tau_reference"] is None
     assert rows[("ddtree", 4, 8)]["speedup"] == 1.25 and rows[("ddtree", 4, 8)]["tau_reference"] == 2.6
     assert "budget_histogram" not in rows[("ddtree", 4, 8)]
+    # a runner that read the row's own rounds per budget from the server: that, not the whole run's
+    runs[("DDTREE", "auto")]["tau"][0]["budget_histogram"] = {"chain": 0, "16": 4}
+    own = {(r["method"], r["budget"], r["batch"]): r for r in tau.table_rows(runs, log)}[("ddtree-auto", "auto", 1)]
+    assert own["budget_histogram"] == {"chain": 0, "16": 4}
 
 
 def _row(method, budget, batch, temperature, tok_s):
@@ -132,3 +136,32 @@ def test_tau_counts_rounds_per_request_of_the_last_timed_pass():
     assert two["rounds_per_request"] == [3, 5, 2, 3]  # cycled to fill the last group of 2
     assert one["rounds"] == 2 * (3 + 5 + 2)  # two timed passes
     assert one["tau"] == pytest.approx(2 * 3 * 10 / one["rounds"])
+
+
+class _ConstructedDDTreeEngine(_ConstructedEngine):
+    """As _ConstructedEngine, and the DDTREE worker's budget report of /get_server_info: every round verifies 16
+    except the first request's of a call, which verifies the chain."""
+
+    def __init__(self):
+        self.rounds = {"chain": 0, "16": 0}
+
+    def generate(self, input_ids, sampling_params):
+        out = super().generate(input_ids, sampling_params)
+        self.rounds["chain"] += 1
+        self.rounds["16"] += sum(o["meta_info"]["spec_verify_ct"] for o in out) - 1
+        return out
+
+    def get_server_info(self):
+        return {"internal_states": [{"ddtree_budget": {"budget_histogram": dict(self.rounds)}}]}
+
+
+def test_a_ddtree_row_has_the_rounds_per_budget_of_its_timed_passes_only():
+    prompts = [[3, 9], [5, 9], [2, 9]]
+    engine = _ConstructedDDTreeEngine()
+    one, two = sglang_ddtree_run.run_tau(engine, prompts, [1, 3], [0.0], 11, "DDTREE", repeats=2)["tau"]
+    # batch 1: three calls a pass, 10 rounds; two timed passes (the warm-up's are not counted)
+    assert one["budget_histogram"] == {"chain": 6, "16": 14} and sum(one["budget_histogram"].values()) == one["rounds"]
+    assert two["budget_histogram"] == {"chain": 2, "16": 18}  # one call a pass at batch 3
+    assert engine.rounds == {"chain": 12, "16": 48}  # warm-ups included
+    assert "budget_histogram" not in sglang_ddtree_run.run_tau(
+        _ConstructedEngine(), prompts, [1], [0.0], 11, "DFLASH", repeats=1)["tau"][0]
