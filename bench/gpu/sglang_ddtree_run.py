@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -94,8 +95,6 @@ def top2_margins(output: dict) -> list[float | None]:
 
 def mark_phase(name: str) -> None:
     """Tell the worker's test instruments (SGLANG_DDTREE_TEST_STATS) which phase the next rounds belong to."""
-    import os
-
     stats = os.environ.get("SGLANG_DDTREE_TEST_STATS")
     if stats:
         with open(stats, "a") as fh:
@@ -152,9 +151,18 @@ def histogram_delta(before: dict[str, int] | None, after: dict[str, int] | None)
     return {name: n - before.get(name, 0) for name, n in after.items()}
 
 
+def force_budget(path: str, mode: str, stamp: list[int]) -> None:
+    """Write ``mode`` (``auto``, ``chain`` or a budget) to the plugin's test budget file (SGLANG_DDTREE_TEST_BUDGET),
+    with a modification time after the last one written (``stamp``), so that the worker reads it again even within
+    the file system's timestamp granularity."""
+    Path(path).write_text(mode)
+    stamp[0] = max(stamp[0] + 1, time.time_ns())
+    os.utime(path, ns=(stamp[0], stamp[0]))
+
+
 def run_tau(
     engine, prompt_ids: list[list[int]], batches: list[int], temperatures: list[float], new_tokens: int, algo: str,
-    repeats: int = 3,
+    repeats: int = 3, forced: list[str] | None = None,
 ) -> dict:
     """Accepted tokens per verify round and tokens/s on held-out prompts (issue 15's table).
 
@@ -165,56 +173,73 @@ def run_tau(
     tau = sum(completion - 1) / sum(verify rounds) over the timed passes: the first completion token comes from the
     prefill, every other one from a round (bonus included), as the reference's ``tau_emitted``; tok_s = the median
     over the timed passes of a pass's completion tokens / its wall time. A DDTREE row also has ``budget_histogram``,
-    the rounds of its timed passes per budget (read from the server between passes, outside the timed calls)."""
+    the rounds of its timed passes per budget (read from the server between passes, outside the timed calls).
+
+    ``forced`` (an auto-budget DDTREE engine started with SGLANG_DDTREE_TEST_BUDGET=FILE): after auto's row of each
+    batch size and temperature, one row per candidate named (``chain`` or a budget) with the engine held at it
+    (``forced`` in the row): every fixed budget timed in auto's own engine, its graphs and its process."""
     mark_phase("tau")
+    budget_file = os.environ.get("SGLANG_DDTREE_TEST_BUDGET") if forced else None
+    if forced and not budget_file:
+        raise SystemExit("--force-budgets needs SGLANG_DDTREE_TEST_BUDGET=FILE in the engine's environment")
+    stamp = [0]
     rows = []
     for temp in temperatures:
         params = {"temperature": temp, "max_new_tokens": new_tokens, "ignore_eos": True}
         for bs in batches:
-            groups = -(-len(prompt_ids) // bs)
-            cycled = [prompt_ids[i % len(prompt_ids)] for i in range(groups * bs)]
-            emitted, rounds, tokens, rates = 0, 0, 0, []
-            histogram = None
-            for rep in range(repeats + 1):
-                if rep == 1 and algo == "DDTREE":
-                    histogram = budget_histogram(engine)
-                pass_tokens, wall, pass_rounds = 0, 0.0, []
-                for g in range(groups):
-                    t0 = time.perf_counter()
-                    outs = generate(engine, cycled[g * bs : (g + 1) * bs], new_tokens, params)
-                    wall += time.perf_counter() - t0
-                    if rep == 0:
-                        continue  # the warm-up pass
-                    for o in outs:
-                        completion = o["meta_info"]["completion_tokens"]
-                        pass_tokens += completion
-                        emitted += completion - 1
-                        pass_rounds.append(o["meta_info"].get("spec_verify_ct", completion - 1) if algo != "none"
-                                           else completion - 1)
-                        rounds += pass_rounds[-1]
-                if rep:
-                    tokens += pass_tokens
-                    rates.append(pass_tokens / wall)
-            rows.append(
-                {
-                    "batch": bs,
-                    "temperature": temp,
-                    "requests": len(cycled),
-                    "repeats": repeats,
-                    "tau": emitted / max(rounds, 1),
-                    "rounds": rounds,
-                    "tokens": tokens,
-                    "tok_s": statistics.median(rates),
-                    "tok_s_min": min(rates),
-                    "tok_s_max": max(rates),
-                    # the last timed pass's verify rounds per request, in prompt order (cycled): beside the
-                    # reference's per-prompt rounds, it says which prompts an engine difference is in
-                    "rounds_per_request": pass_rounds,
-                    **({"budget_histogram": histogram_delta(histogram, budget_histogram(engine))}
-                       if algo == "DDTREE" else {}),
-                }
-            )
+            for mode in [None, *(forced or [])]:
+                if budget_file:
+                    force_budget(budget_file, mode or "auto", stamp)
+                row = _tau_cell(engine, prompt_ids, bs, params, algo, repeats)
+                rows.append(row if mode is None else {**row, "forced": mode})
+    if budget_file:
+        force_budget(budget_file, "auto", stamp)
     return {"tau": rows}
+
+
+def _tau_cell(engine, prompt_ids: list[list[int]], bs: int, params: dict, algo: str, repeats: int) -> dict:
+    """run_tau's row of one batch size and temperature (``params``)."""
+    new_tokens = params["max_new_tokens"]
+    groups = -(-len(prompt_ids) // bs)
+    cycled = [prompt_ids[i % len(prompt_ids)] for i in range(groups * bs)]
+    emitted, rounds, tokens, rates = 0, 0, 0, []
+    histogram = None
+    for rep in range(repeats + 1):
+        if rep == 1 and algo == "DDTREE":
+            histogram = budget_histogram(engine)
+        pass_tokens, wall, pass_rounds = 0, 0.0, []
+        for g in range(groups):
+            t0 = time.perf_counter()
+            outs = generate(engine, cycled[g * bs : (g + 1) * bs], new_tokens, params)
+            wall += time.perf_counter() - t0
+            if rep == 0:
+                continue  # the warm-up pass
+            for o in outs:
+                completion = o["meta_info"]["completion_tokens"]
+                pass_tokens += completion
+                emitted += completion - 1
+                pass_rounds.append(o["meta_info"].get("spec_verify_ct", completion - 1) if algo != "none"
+                                   else completion - 1)
+                rounds += pass_rounds[-1]
+        if rep:
+            tokens += pass_tokens
+            rates.append(pass_tokens / wall)
+    return {
+        "batch": bs,
+        "temperature": params["temperature"],
+        "requests": len(cycled),
+        "repeats": repeats,
+        "tau": emitted / max(rounds, 1),
+        "rounds": rounds,
+        "tokens": tokens,
+        "tok_s": statistics.median(rates),
+        "tok_s_min": min(rates),
+        "tok_s_max": max(rates),
+        # the last timed pass's verify rounds per request, in prompt order (cycled): beside the reference's
+        # per-prompt rounds, it says which prompts an engine difference is in
+        "rounds_per_request": pass_rounds,
+        **({"budget_histogram": histogram_delta(histogram, budget_histogram(engine))} if algo == "DDTREE" else {}),
+    }
 
 
 def run_profile(engine, vocab: int, algo: str, context: int, new_tokens: int, directory: Path,
@@ -320,6 +345,9 @@ def main() -> int:
     )
     ap.add_argument("--temperatures", default="0,1", help="tau: temperatures")
     ap.add_argument("--new-tokens", type=int, default=128, help="tau: new tokens per request")
+    ap.add_argument("--force-budgets", default="",
+                    help="tau, auto budget: also time these candidates (chain,4,...) in the same engine, held through "
+                    "SGLANG_DDTREE_TEST_BUDGET=FILE")
     ap.add_argument("--context", type=int, default=32, help="speed/profile: prompt length in tokens")
     ap.add_argument("--profile-dir", type=Path, help="profile: where SGLang writes the traces")
     ap.add_argument("--profile-tokens", type=int, default=64, help="profile: new tokens of the profiled generate")
@@ -365,7 +393,8 @@ def main() -> int:
                 ap.error("--mode tau needs --prompts-file")
             temps = [float(t) for t in args.temperatures.split(",")]
             body.update(
-                run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo)
+                run_tau(engine, ids, [int(b) for b in args.batches.split(",")], temps, args.new_tokens, args.algo,
+                        forced=[m for m in args.force_budgets.split(",") if m] or None)
             )
         if "speed" in modes:
             body.update(run_speed(engine, vocab, args.algo, args.repeats, args.context, speed_batches))

@@ -28,6 +28,10 @@ CONFIGS = [("none", 0), ("DFLASH", 0), ("DDTREE", "auto"), ("DDTREE", "auto-peri
 #: "auto-period" the same with the step costs read by the period clock (SGLANG_DDTREE_STEP_CLOCK=period)
 AUTO_WIDEST = 32
 AUTO_ENV = {"auto": {}, "auto-period": {"SGLANG_DDTREE_STEP_CLOCK": "period"}}
+#: The auto engine (events clock, the default) also times each of its candidates held fixed (the plugin's test-only
+#: SGLANG_DDTREE_TEST_BUDGET), so that auto's choice is compared with every fixed budget in one engine, its graphs
+#: and its process: engine starts differ by more than the budgets do on the host-bound tiny pair (12-06b).
+FORCED_IN = {"auto": "chain,4,8,16,32"}
 
 
 def reservation(budget: int, block_size: int) -> int:
@@ -83,14 +87,18 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
     ``graphs`` (the extra verify widths' capture: widths, seconds, GB), the clock and the step costs measured."""
     base = {(r["batch"], r["temperature"]): r["tok_s"] for r in runs.get(("none", 0), {}).get("tau", [])}
     rows = []
-    for (method, budget), rec in runs.items():
+    for (run_method, run_budget), rec in runs.items():
         for r in rec.get("tau", []):
+            method, budget = run_method, run_budget
             ref_none = base.get((r["batch"], r["temperature"]))
+            forced = r.get("forced")
+            if forced is not None:  # a candidate held fixed in the auto engine: priced as that fixed method
+                method, budget = ("DFLASH", 0) if forced == "chain" else ("DDTREE", int(forced))
             auto = budget in AUTO_ENV
             rows.append(
                 {
-                    "method": "ddtree-auto" if auto else method.lower(),
-                    "budget": budget or None,
+                    "method": "ddtree-auto" if auto else "ddtree-in-auto" if forced is not None else method.lower(),
+                    "budget": "chain" if forced == "chain" else budget or None,
                     "batch": r["batch"],
                     "temperature": r["temperature"],
                     "tau_sglang": round(r["tau"], 4) if method != "none" else 1.0,
@@ -153,6 +161,24 @@ def goal_rows(rows: list[dict]) -> list[dict]:
         out.append({"auto": r["budget"], "temperature": r["temperature"], "batch": r["batch"], "best": best,
                     "best_tok_s": cell.get(best), "auto_tok_s": r["tok_s"], "auto_over_best": over_best,
                     "auto_over_dflash": over_dflash, "meets_goal": meets})
+    return out
+
+
+def same_engine_rows(rows: list[dict]) -> list[dict]:
+    """Auto against its own candidates held fixed in the same engine (``ddtree-in-auto`` rows), per temperature and
+    batch: the best of them, its tok/s, and auto's over it (issue 24's 0.98 apart from the engine-to-engine
+    differences)."""
+    held = fixed_cells([{**r, "method": "ddtree"} for r in rows if r["method"] == "ddtree-in-auto"], "tok_s",
+                       lambda method, budget: str(budget))
+    out = []
+    for r in rows:
+        cell = held.get((r["temperature"], r["batch"]))
+        if r["method"] != "ddtree-auto" or r["budget"] not in FORCED_IN or not cell or not r["tok_s"]:
+            continue
+        best = max(cell, key=cell.get)
+        out.append({"temperature": r["temperature"], "batch": r["batch"], "best": best, "best_tok_s": cell[best],
+                    "auto_tok_s": r["tok_s"], "auto_over_best": round(r["tok_s"] / cell[best], 3),
+                    "held_tok_s": cell, "budget_histogram": r.get("budget_histogram")})
     return out
 
 
@@ -237,6 +263,9 @@ def main() -> int:
         if budget in AUTO_ENV:
             stats = args.work / f"tau-DDTREE-{budget}-budget.jsonl"
             env = {"SGLANG_DDTREE_BUDGET": "auto", "SGLANG_DDTREE_BUDGET_STATS": str(stats), **AUTO_ENV[budget]}
+            if budget in FORCED_IN:
+                env["SGLANG_DDTREE_TEST_BUDGET"] = str(args.work / f"tau-DDTREE-{budget}-forced.txt")
+                extra += ["--force-budgets", FORCED_IN[budget]]
         elif method == "DDTREE" and reservation(budget, block) > budget:
             widest = reservation(budget, block)
             env = {"SGLANG_DDTREE_BUDGET": str(budget)}
@@ -258,6 +287,7 @@ def main() -> int:
         "new_tokens": args.new_tokens,
         "rows": rows,
         "goal": goal_rows(rows),
+        "same_engine": same_engine_rows(rows),
         "clock_check": clock_rows(rows),
     }
     text = json.dumps(result, indent=1)
@@ -266,6 +296,10 @@ def main() -> int:
         args.result.write_text(text)
     print(markdown(rows))
     print(goal_markdown(result["goal"]))
+    for g in result["same_engine"]:
+        print(f"same engine T={g['temperature']} b={g['batch']}: auto {g['auto_tok_s']} tok/s, best held "
+              f"{g['best']} {g['best_tok_s']} ({g['auto_over_best']}); held {g['held_tok_s']}; "
+              f"auto chose {g['budget_histogram']}")
     return 1 if unfinished else 0
 
 

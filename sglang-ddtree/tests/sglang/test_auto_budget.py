@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -430,3 +431,43 @@ def test_a_batch_that_is_no_tree_round_interrupts_the_period_clock(monkeypatch, 
     batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=kind == "grammar")
     assert worker.forward_batch_generation(batch) == "DFLASH's"
     assert calls == ["interrupt"]
+
+
+def test_a_test_budget_file_forces_a_candidate_untimed_and_unsampled(monkeypatch, tmp_path):
+    """SGLANG_DDTREE_TEST_BUDGET (bench/gpu/tau.py times every fixed budget in auto's engine): while the file names a
+    candidate every round verifies it, neither timed nor sampled; ``auto`` gives the choice back, its state as it
+    was."""
+    from sglang_ddtree.sglang import testing
+
+    path = tmp_path / "budget"
+    monkeypatch.setattr(testing, "BUDGET_FILE", str(path))
+    monkeypatch.setattr(testing, "_forced", (None, None))
+    stamp = iter(range(1, 100))
+
+    def write(text):
+        path.write_text(text)
+        tick = next(stamp) * 10**9
+        os.utime(path, ns=(tick, tick))  # a new time for every write: the file system's may be coarser
+
+    ticks = iter(range(10_000))
+    auto = AutoBudget((CHAIN, 4, 8), 4, torch.device("cpu"), clock=lambda: next(ticks) * 1e-3, sample_every=1)
+    assert auto.begin_step(1) == CHAIN  # no file: auto's own choice (the first sweep's first step)
+    auto.end_step()
+    write("8")
+    for _ in range(5):
+        assert auto.begin_step(1) == 8 and not auto.sampling
+        auto.end_step()
+    write("chain")
+    assert auto.begin_step(1) == CHAIN
+    auto.end_step()
+    assert auto.total == {CHAIN: 2, 4: 0, 8: 5} and auto.steps == 7
+    assert auto.costs.samples[0] == [1, 0, 0]  # only auto's own first step was timed
+    write("auto")
+    assert auto.begin_step(1) == CHAIN and auto.sampling  # the first sweep goes on where it was: its second step
+    auto.end_step()
+    write("16")
+    with pytest.raises(ValueError, match=r"names 16, not one of the candidates \[0, 4, 8\]"):
+        auto.begin_step(1)
+    write("wide")
+    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_TEST_BUDGET=.*'wide' is no candidate"):
+        auto.begin_step(1)

@@ -165,3 +165,65 @@ def test_a_ddtree_row_has_the_rounds_per_budget_of_its_timed_passes_only():
     assert engine.rounds == {"chain": 12, "16": 48}  # warm-ups included
     assert "budget_histogram" not in sglang_ddtree_run.run_tau(
         _ConstructedEngine(), prompts, [1], [0.0], 11, "DFLASH", repeats=1)["tau"][0]
+
+
+class _ConstructedForcedEngine(_ConstructedEngine):
+    """As _ConstructedEngine, with a DDTREE worker that reads SGLANG_DDTREE_TEST_BUDGET's file before every call and
+    counts the call's rounds under the candidate it names (``auto`` for its own choice)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.rounds = {"auto": 0, "chain": 0, "8": 0}
+
+    def generate(self, input_ids, sampling_params):
+        out = super().generate(input_ids, sampling_params)
+        self.rounds[self.path.read_text()] += sum(o["meta_info"]["spec_verify_ct"] for o in out)
+        return out
+
+    def get_server_info(self):
+        return {"internal_states": [{"ddtree_budget": {"budget_histogram": dict(self.rounds)}}]}
+
+
+def test_forced_rows_time_every_named_candidate_in_autos_engine(monkeypatch, tmp_path):
+    path = tmp_path / "budget"
+    monkeypatch.setenv("SGLANG_DDTREE_TEST_BUDGET", str(path))
+    engine = _ConstructedForcedEngine(path)
+    rows = sglang_ddtree_run.run_tau(engine, [[3, 9], [5, 9]], [1, 2], [0.0, 1.0], 11, "DDTREE", repeats=1,
+                                     forced=["chain", "8"])["tau"]
+    # per temperature and batch: auto's row, then one per forced candidate, each with its own rounds only
+    assert [(r["temperature"], r["batch"], r.get("forced")) for r in rows[:6]] == [
+        (0.0, 1, None), (0.0, 1, "chain"), (0.0, 1, "8"), (0.0, 2, None), (0.0, 2, "chain"), (0.0, 2, "8")]
+    assert len(rows) == 12
+    assert rows[1]["budget_histogram"] == {"auto": 0, "chain": 8, "8": 0}  # 3 + 5 rounds, one timed pass
+    assert rows[2]["budget_histogram"] == {"auto": 0, "chain": 0, "8": 8}
+    assert rows[0]["budget_histogram"] == {"auto": 8, "chain": 0, "8": 0}
+    assert path.read_text() == "auto"  # the engine is left to its own choice
+    monkeypatch.delenv("SGLANG_DDTREE_TEST_BUDGET")
+    with pytest.raises(SystemExit, match="needs SGLANG_DDTREE_TEST_BUDGET"):
+        sglang_ddtree_run.run_tau(engine, [[3, 9]], [1], [0.0], 11, "DDTREE", forced=["8"])
+
+
+def test_held_candidates_are_priced_as_their_fixed_methods_and_compared_with_auto_in_one_engine():
+    auto_rows = [(1, 0.0, 3.4, 230.0)]
+    held = [{"batch": 1, "temperature": 0.0, "tau": tau_, "tok_s": tok_s, "forced": mode}
+            for mode, tau_, tok_s in (("chain", 2.7, 190.0), ("8", 3.3, 240.0), ("32", 3.6, 220.0))]
+    runs = {
+        ("none", 0): constructed_record([(1, 0.0, 1.0, 100.0)]),
+        ("DFLASH", 0): constructed_record([(1, 0.0, 2.7, 180.0)]),
+        ("DDTREE", "auto"): {"tau": [{**constructed_record(auto_rows)["tau"][0], "budget_histogram": {"8": 5}},
+                                     *held]},
+        ("DDTREE", "auto-period"): constructed_record([(1, 0.0, 3.3, 250.0)]),
+    }
+    log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
+                             {"mode": "ddtree", "temperature": 0.0, "budget": 8, "tau": 3.2}]}}
+    rows = {(r["method"], r["budget"]): r for r in tau.table_rows(runs, log)}
+    assert rows[("ddtree-in-auto", "chain")]["tau_reference"] == 2.65  # the chain is DFLASH's draft
+    assert rows[("ddtree-in-auto", 8)]["tau_reference"] == 3.2 and rows[("ddtree-in-auto", 8)]["speedup"] == 2.4
+    assert rows[("ddtree-auto", "auto")]["budget_histogram"] == {"8": 5}
+    assert "clock" not in rows[("ddtree-in-auto", 8)]  # not an auto row
+    listed = list(rows.values())
+    (goal,) = [g for g in tau.goal_rows(listed) if g["auto"] == "auto"]
+    assert goal["best"] == "dflash"  # held candidates are not the fixed engines of the goal
+    (same,) = tau.same_engine_rows(listed)
+    assert (same["best"], same["best_tok_s"], same["auto_over_best"]) == ("8", 240.0, 0.958)
+    assert same["held_tok_s"] == {"chain": 190.0, "8": 240.0, "32": 220.0}

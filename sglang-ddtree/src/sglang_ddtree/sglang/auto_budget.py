@@ -54,6 +54,7 @@ from ..budget import (
     observe,
 )
 from ..tree import DraftTree
+from . import testing
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +242,8 @@ class AutoBudget:
             return self.candidates[0]
         for candidate, bs, ms, tag in self.timer.done():
             self.costs.record(candidate, bs, ms, tag)
+        if testing.BUDGET_FILE and (forced := testing.forced_budget()) is not None:  # test-only: a fixed budget
+            return self._forced_step(forced)
         self.steps += 1
         self.sampling = (self.steps - 1) % self.sample_every == 0
         while len(self.expectations) >= EXPECTATION_LAG:
@@ -260,6 +263,18 @@ class AutoBudget:
         self.chosen.append(candidate)
         self.total[candidate] += 1
         self.timer.begin(candidate, batch_size, tag)
+        return candidate
+
+    def _forced_step(self, candidate: int) -> int:
+        """A round of the candidate ``testing.BUDGET_FILE`` names: counted, neither timed nor sampled."""
+        if candidate not in self.candidates:
+            raise ValueError(f"SGLANG_DDTREE_TEST_BUDGET names {candidate}, not one of the candidates "
+                             f"{list(self.candidates)} (0: the chain)")
+        self.steps += 1
+        self.sampling = False
+        self.timer.interrupt()  # the period clock prices no interval that spans it
+        self.chosen.append(candidate)
+        self.total[candidate] += 1
         return candidate
 
     def interrupt(self) -> None:

@@ -16,6 +16,10 @@ import and skips every call when they are unset.
 * ``SGLANG_DDTREE_TEST_GRAPH_CHECK=1``: after every target verify that replayed a CUDA graph, run the same verify
   batch again eagerly and add the largest |graph - eager| logit difference and the number of nodes whose argmax
   differs to the stats line (needs ``SGLANG_DDTREE_TEST_STATS``).
+* ``SGLANG_DDTREE_TEST_BUDGET=FILE`` (``SGLANG_DDTREE_BUDGET=auto`` only): FILE holds ``auto`` or one of the
+  candidates (``chain`` or a budget); while it names one, every round verifies that candidate at its width with
+  its graphs, untimed and unsampled, the auto choice's state left as it was. A benchmark then times every fixed
+  budget in the same engine as auto (bench/gpu/tau.py), apart from the differences between engine starts.
 * ``SGLANG_DDTREE_TEST_SKIP_HOOKS=name[,name]``: leave these plugin hooks out (``graph_get_spec_info``: the graph
   capture as before the fix of issue 13), to show that the graph check catches the defect.
 
@@ -33,7 +37,9 @@ import torch
 
 __all__ = [
     "ACTIVE",
+    "BUDGET_FILE",
     "GRAPH_CHECK",
+    "forced_budget",
     "forced_draft_logits",
     "graph_vs_eager",
     "nonfirst_accepts",
@@ -47,6 +53,8 @@ STATS_FILE = os.environ.get("SGLANG_DDTREE_TEST_STATS") or None
 GRAPH_CHECK = bool(STATS_FILE) and os.environ.get("SGLANG_DDTREE_TEST_GRAPH_CHECK", "") not in ("", "0")
 #: Any instrument on: the worker checks this one flag per round.
 ACTIVE = bool(ORACLE_FILE or STATS_FILE)
+BUDGET_FILE = os.environ.get("SGLANG_DDTREE_TEST_BUDGET") or None
+_forced: tuple[tuple[int, int] | None, int | None] = (None, None)  # ((mtime_ns, size) of BUDGET_FILE, its candidate)
 
 _oracle: dict[tuple[int, ...], tuple[list[int], list[int]]] | None = None
 _ranks: list[int] = [1]
@@ -55,6 +63,32 @@ _round = 0
 
 def skipped_hooks() -> set[str]:
     return {n.strip() for n in os.environ.get("SGLANG_DDTREE_TEST_SKIP_HOOKS", "").split(",") if n.strip()}
+
+
+def forced_budget() -> int | None:
+    """The candidate ``BUDGET_FILE`` names (0 for ``chain``), None for ``auto``, an empty or a missing file; read
+    again whenever its modification time or size changes (one ``stat`` a round; a writer that rewrites it within
+    the file system's timestamp granularity sets a new time itself, as bench/gpu/sglang_ddtree_run.py does)."""
+    global _forced
+    try:
+        st = os.stat(BUDGET_FILE)
+    except (FileNotFoundError, TypeError):
+        return None
+    mtime = (st.st_mtime_ns, st.st_size)
+    if mtime != _forced[0]:
+        with open(BUDGET_FILE, encoding="utf-8") as fh:
+            text = fh.read().strip().lower()
+        if text in ("", "auto"):
+            value = None
+        elif text == "chain":
+            value = 0
+        elif text.isdigit() and int(text) > 0:
+            value = int(text)
+        else:
+            raise ValueError(f"SGLANG_DDTREE_TEST_BUDGET={BUDGET_FILE}: {text!r} is no candidate: write auto, chain "
+                             "or a budget")
+        _forced = (mtime, value)
+    return _forced[1]
 
 
 def _load_oracle() -> dict:
