@@ -52,12 +52,14 @@ def run_config(
     mode: str,
     extra: list[str] | None = None,
     env_extra: dict[str, str] | None = None,
+    need_s: float | None = None,
 ) -> dict | None:
     """The runner's JSON record for this configuration (running it unless ``out`` exists); None if it failed.
-    Raises OutOfTime instead of starting it with less than ``ENGINE_NEED_S`` of run_all.sh's call left."""
+    Raises OutOfTime instead of starting it with less than ``need_s`` (default ``ENGINE_NEED_S``) of run_all.sh's
+    call left."""
     if not out.exists():
         left = seconds_left()
-        need = float(os.environ.get("ENGINE_NEED_S", ENGINE_NEED_S))
+        need = float(os.environ.get("ENGINE_NEED_S", ENGINE_NEED_S)) if need_s is None else need_s
         if left is not None and left < need:
             raise OutOfTime(f"{out.name}: {left:.0f} s left in this call, an engine needs about {need:.0f} s: "
                             "not started (the next call runs it)")

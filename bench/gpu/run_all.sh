@@ -212,8 +212,9 @@ export RUN_ALL_DEADLINE=$((T0 + DEADLINE_S))  # bench/gpu/engine_run.py starts n
 ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
 # issue24: the trained pair and its tau table (auto with both clocks beside every fixed budget). Untimed checks run
 # while the pair trains (the tiny pair's greedy identity) and while train_pair.py evaluates the saved pair in its
-# reference engine (the trained pair's, lossless-trained); nothing timed does. About 1300 s on the lent H100 (12-06:
-# set-up 56 s, training 340 s and evaluation 124 s, an engine about 45 s to start): 30 minutes, in three calls.
+# reference engine (the trained pair's, lossless-trained); nothing timed does. About 1400 s on the lent H100 (12-06b:
+# set-up 65 s, training 355 s and evaluation 122 s, an engine 20-30 s to start and 30 s to time, the auto engine
+# with its held candidates about 200 s): 30 minutes, in three calls.
 ISSUE24="sglang-setup train-start lossless pair-wait lossless-trained train-wait tau"
 steps=${STEPS:-core-stages core-tests core-bench sglang-setup measure lossless sampling lossless-hybrid hybrid}
 steps=${steps//issue23/$ISSUE23}

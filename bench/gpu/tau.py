@@ -32,6 +32,9 @@ AUTO_ENV = {"auto": {}, "auto-period": {"SGLANG_DDTREE_STEP_CLOCK": "period"}}
 #: SGLANG_DDTREE_TEST_BUDGET), so that auto's choice is compared with every fixed budget in one engine, its graphs
 #: and its process: engine starts differ by more than the budgets do on the host-bound tiny pair (12-06b).
 FORCED_IN = {"auto": "chain,4,8,16,32"}
+#: Seconds the auto engine with its held candidates needs at least (six times the timed passes of one engine: about
+#: 200 s estimated on the lent H100, 45 s for the others): not started with less of run_all.sh's call left.
+FORCED_NEED_S = 240
 
 
 def reservation(budget: int, block_size: int) -> int:
@@ -258,7 +261,7 @@ def main() -> int:
             "--new-tokens",
             str(args.new_tokens),
         ]
-        env = None
+        env, need = None, None
         widest = AUTO_WIDEST if budget in AUTO_ENV else budget or 16
         if budget in AUTO_ENV:
             stats = args.work / f"tau-DDTREE-{budget}-budget.jsonl"
@@ -266,11 +269,13 @@ def main() -> int:
             if budget in FORCED_IN:
                 env["SGLANG_DDTREE_TEST_BUDGET"] = str(args.work / f"tau-DDTREE-{budget}-forced.txt")
                 extra += ["--force-budgets", FORCED_IN[budget]]
+                need = FORCED_NEED_S
         elif method == "DDTREE" and reservation(budget, block) > budget:
             widest = reservation(budget, block)
             env = {"SGLANG_DDTREE_BUDGET": str(budget)}
         try:
-            rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env)
+            rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env,
+                             need_s=need)
         except OutOfTime as exc:  # the table of what ran so far, and a failed step: the next call goes on
             print(exc, flush=True)
             unfinished = True

@@ -36,6 +36,9 @@ def test_no_engine_is_started_too_close_to_the_calls_end(tmp_path, monkeypatch):
                         lambda cmd, env: started.append(cmd) or type("P", (), {"returncode": 1})())
     assert engine_run.run_config(tmp_path / "cfg.json", tmp_path, "DDTREE", 16, "tau") is None  # started, failed
     assert len(started) == 1
+    with pytest.raises(engine_run.OutOfTime, match="an engine needs about 240 s"):  # a longer configuration's own
+        engine_run.run_config(tmp_path / "cfg.json", tmp_path, "DDTREE", 16, "tau", need_s=240)
+    assert len(started) == 1
 
 
 def test_tau_stops_at_the_calls_end_with_a_partial_table_and_a_failed_step(tmp_path, monkeypatch):
