@@ -471,3 +471,7 @@ def test_a_test_budget_file_forces_a_candidate_untimed_and_unsampled(monkeypatch
     write("wide")
     with pytest.raises(ValueError, match=r"SGLANG_DDTREE_TEST_BUDGET=.*'wide' is no candidate"):
         auto.begin_step(1)
+    write("8")
+    auto.tp_group = SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="TP = 1 only"):
+        auto.begin_step(1)

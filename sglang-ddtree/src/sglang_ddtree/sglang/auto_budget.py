@@ -270,6 +270,8 @@ class AutoBudget:
         if candidate not in self.candidates:
             raise ValueError(f"SGLANG_DDTREE_TEST_BUDGET names {candidate}, not one of the candidates "
                              f"{list(self.candidates)} (0: the chain)")
+        if self.tp_group is not None:  # each rank reads the file on its own: a change between reads splits them
+            raise ValueError("SGLANG_DDTREE_TEST_BUDGET is for TP = 1 only (the ranks read the file one by one)")
         self.steps += 1
         self.sampling = False
         self.timer.interrupt()  # the period clock prices no interval that spans it

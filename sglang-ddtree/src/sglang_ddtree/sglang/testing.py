@@ -19,7 +19,8 @@ import and skips every call when they are unset.
 * ``SGLANG_DDTREE_TEST_BUDGET=FILE`` (``SGLANG_DDTREE_BUDGET=auto`` only): FILE holds ``auto`` or one of the
   candidates (``chain`` or a budget); while it names one, every round verifies that candidate at its width with
   its graphs, untimed and unsampled, the auto choice's state left as it was. A benchmark then times every fixed
-  budget in the same engine as auto (bench/gpu/tau.py), apart from the differences between engine starts.
+  budget in the same engine as auto (bench/gpu/tau.py), apart from the differences between engine starts. TP = 1
+  only (each rank would read the file on its own).
 * ``SGLANG_DDTREE_TEST_SKIP_HOOKS=name[,name]``: leave these plugin hooks out (``graph_get_spec_info``: the graph
   capture as before the fix of issue 13), to show that the graph check catches the defect.
 
