@@ -481,7 +481,7 @@ def test_online_cost_ignores_bad_samples_and_refuses_bad_settings():
     with pytest.raises(ValueError, match="expectations for 2 candidates"):
         costs.choose([1.0], 1)
     for bad in ({"candidates": (8, 8)}, {"alpha": 0.0}, {"clip": 1.0}, {"refresh_burst": 0}, {"ratio_alpha": 0.0},
-                {"settle_steps": 0}, {"min_samples": 1, "unsampled_per_burst": 1}):
+                {"settle_steps": 0}, {"drift": 1.0}, {"min_gap": 0}, {"min_samples": 1, "unsampled_per_burst": 1}):
         with pytest.raises(ValueError):
             OnlineStepCost(**{"candidates": (CHAIN, 8), **bad})
 
@@ -539,9 +539,24 @@ def test_a_change_of_load_is_priced_for_every_candidate_not_only_the_one_issued(
     assert {c for c, sweep in first[-40:] if not sweep} == {16}
     second = _serve(costs, greedy, expected, 600)
     swept = next(i for i, (_, sweep) in enumerate(second) if sweep)  # the first sweep under the new load
-    assert swept == 212 and {c for c, sweep in second[swept:] if not sweep} == {32}, second[swept:]
-    assert costs.sweeps[0] == 4  # the bucket's steps 1, 257, 513 and 769
+    # the level moved by more than the drift (1.25x) at once: a sweep as soon as min_gap (128) steps after the last
+    # one (the bucket's step 257), not 256 steps after it
+    assert swept == 84 and {c for c, sweep in second[swept:] if not sweep} == {32}, second[swept:]
+    assert costs.sweeps[0] == 5  # the bucket's steps 1, 257, 385, 641 and 897
     assert costs.costs(1)[2] == pytest.approx(3.3, rel=0.02)
+
+
+def test_a_moving_level_brings_a_sweep_early_but_never_within_min_gap_steps():
+    flipping = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_burst=1, min_gap=20, refresh_steps=1000)
+    for block in range(10):  # the load flips every 10 steps: every step twice as slow, then back
+        _serve(flipping, {CHAIN: 2.0, 8: 4.0} if block % 2 else {CHAIN: 1.0, 8: 2.0}, [0.0, 0.0], 10)
+    assert 2 <= flipping.sweeps[0] <= 1 + 100 // 20  # swept again, at most once per 20 steps
+    steady = OnlineStepCost((CHAIN, 8), min_samples=1, refresh_burst=1, min_gap=20, refresh_steps=1000)
+    jitter = iter([1.0, 1.1, 0.9, 1.15, 0.85] * 60)  # +-15% per step: the level stays within the 1.25x drift
+    for _ in range(300):
+        candidate = steady.choose([0.0, 0.0], 1)
+        steady.record(candidate, 1, (1.0 if candidate == CHAIN else 2.0) * next(jitter), steady.last_tag)
+    assert steady.sweeps[0] == 1
 
 
 def test_sweeps_recur_every_refresh_steps_with_refresh_burst_steps_per_candidate():

@@ -460,9 +460,10 @@ class OnlineStepCost:
 
     * the **ratios** come from **sweeps**: every candidate issued on a few consecutive steps of the bucket
       (``min_samples`` steps each in the bucket's first sweep, the exploration; ``refresh_burst`` in the later ones,
-      one every ``refresh_steps`` of the bucket's steps). The candidates of one sweep are measured within a few
-      steps of each other, under the same load (context length, temperature mix, what else the host runs), so their
-      relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off
+      one every ``refresh_steps`` of the bucket's steps, or as soon as ``min_gap`` steps after the last one when the
+      level has moved by more than a factor ``drift`` since that sweep). The candidates of one sweep are measured
+      within a few steps of each other, under the same load (context length, temperature mix, what else the host
+      runs), so their relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off
       slow step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05,
       never sets it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``);
     * the **level** follows every other step: whatever the choice issues, its measured duration over its ratio moves
@@ -487,7 +488,8 @@ class OnlineStepCost:
 
     Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha in (0, 1]: the level's
     weight of a new step; min_samples >= 1 and refresh_burst >= 1: consecutive steps per candidate in the first and
-    in later sweeps; refresh_steps >= 1: the bucket's steps from one sweep's start to the next; unsampled_per_burst
+    in later sweeps; refresh_steps >= 1: the bucket's steps from one sweep's start to the next; drift > 1 and
+    min_gap >= 1: an earlier sweep when the level moved (see above); unsampled_per_burst
     >= 0: steps of a burst that give no sample (1 for the period clock, which prices a round only after another of
     the same candidate), below both bursts; num_buckets >= 1; clip > 1; ratio_alpha in (0, 1]; settle_steps >= 1.
     """
@@ -502,16 +504,18 @@ class OnlineStepCost:
     unsampled_per_burst: int = 0
     ratio_alpha: float = 0.5
     settle_steps: int = 4
+    drift: float = 1.25
+    min_gap: int = 128
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
             raise ValueError(f"candidates must be distinct and non-empty, got {self.candidates}")
         if (not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1
                 or not self.clip > 1.0 or self.refresh_burst < 1 or not 0.0 < self.ratio_alpha <= 1.0
-                or self.settle_steps < 1
+                or self.settle_steps < 1 or not self.drift > 1.0 or self.min_gap < 1
                 or not 0 <= self.unsampled_per_burst < min(self.min_samples, self.refresh_burst)):
             raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1, "
-                             "refresh_burst >= 1, 0 < ratio_alpha <= 1, settle_steps >= 1, "
+                             "refresh_burst >= 1, 0 < ratio_alpha <= 1, settle_steps >= 1, drift > 1, min_gap >= 1, "
                              "0 <= unsampled_per_burst < min(min_samples, refresh_burst)")
         width, buckets = len(self.candidates), range(self.num_buckets)
         self.level: list[float | None] = [None for _ in buckets]
@@ -524,6 +528,7 @@ class OnlineStepCost:
         self._sweep_start: list[int] = [0 for _ in buckets]
         self._sweep_end: list[int] = [0 for _ in buckets]  # the bucket step that issued its last candidate
         self._pool: list[list[list[float]] | None] = [None for _ in buckets]  # the open sweep's samples
+        self._swept_level: list[float | None] = [None for _ in buckets]  # the level when the last ratios were set
         self._index = {c: i for i, c in enumerate(self.candidates)}
         self._log_clip = math.log(self.clip)
         self.last_tag: tuple[int, int] | None = None
@@ -586,6 +591,14 @@ class OnlineStepCost:
             self.level[k] += self.ratio_alpha * self._clipped(level - self.level[k])
         for c in stat:
             measured[c] = True
+        self._swept_level[k] = self.level[k]
+
+    def _drifted(self, k: int, step: int) -> bool:
+        """Bucket k's level moved by more than ``drift`` since its ratios were last set, ``min_gap`` steps ago or
+        more: the load changed, so its ratios are measured again."""
+        level, swept = self.level[k], self._swept_level[k]
+        return (level is not None and swept is not None and step - self._sweep_start[k] >= self.min_gap
+                and abs(level - swept) > math.log(self.drift))
 
     def costs(self, batch_size: int) -> list[float | None]:
         """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
@@ -598,7 +611,8 @@ class OnlineStepCost:
         """The candidate to verify this step; sets ``last_tag`` for :meth:`record`.
 
         In order: the current sweep's next candidate (a sweep starts at the bucket's first step and every
-        ``refresh_steps`` of its steps after the last one started, once that one's ratios are set); else the
+        ``refresh_steps`` of its steps after the last one started, or ``min_gap`` after it once the level has moved
+        by more than a factor ``drift`` since its ratios were set; never before they are set); else the
         candidate with the most committed tokens per second, ``batch_size * (E + 1) / cost``, among those measured
         here (ties: the earlier candidate); the widest candidate when none is measured yet.
 
@@ -614,7 +628,7 @@ class OnlineStepCost:
         self._settle(k)
         queue = self._queue[k]
         if not queue and self._pool[k] is None and (
-            self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.refresh_steps
+            self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.refresh_steps or self._drifted(k, step)
         ):
             burst = self.min_samples if self.sweeps[k] == 0 else self.refresh_burst
             queue.extend(c for c in range(len(self.candidates)) for _ in range(burst))

@@ -11,8 +11,8 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
   free), so the decode path gains no host synchronisation;
 * the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``: per
   batch bucket, the candidates' cost ratios from sweeps of every candidate on a few steps in a row, every 256 of
-  the bucket's steps, and a level that every other step moves), by one of two clocks (:data:`STEP_CLOCK_ENV`):
-  ``events`` (the default), CUDA events around every round, read when done; or ``period``, the host time between
+  the bucket's steps or sooner when the load changed, and a level that every other step moves), by one of two
+  clocks (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around every round, read when done; or ``period``, the host time between
   the starts of two consecutive decode rounds of the same candidate (:class:`_PeriodTimer`), which also holds the
   host work outside the round (the scheduler's own, SGLang's result processing). On the tiny trained pair (H100,
   12-06b) auto with the events clock came closer to the best fixed budget than with the period clock in four of
