@@ -459,13 +459,13 @@ class OnlineStepCost:
     level times c's ratio to it, ``exp(level + ratio[c])`` ms (log space):
 
     * the **ratios** come from **sweeps**: every candidate issued on a few consecutive steps of the bucket
-      (``min_samples`` steps each in the bucket's first sweep, the exploration; ``refresh_burst`` in the later ones,
-      one every ``refresh_steps`` of the bucket's steps, or as soon as ``min_gap`` steps after the last one when the
-      level has moved by more than a factor ``drift`` since that sweep). The candidates of one sweep are measured
-      within a few steps of each other, under the same load (context length, temperature mix, what else the host
-      runs), so their relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off
-      slow step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05,
-      never sets it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``);
+      (``min_samples`` steps each in the bucket's first sweep, the exploration; ``refresh_burst`` in the later ones, one
+      every ``refresh_steps`` of the bucket's steps, or as soon as ``min_gap`` steps after the last one when the level
+      has moved by more than a factor ``drift`` since that sweep). The candidates of one sweep are measured within a few
+      steps of each other, under the same load (context length, temperature mix, what else the host runs), so their
+      relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off slow
+      step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05, never sets
+      it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``);
     * the **level** follows every other step: whatever the choice issues, its measured duration over its ratio moves
       the level by ``alpha`` (the log residual clipped to a factor ``clip``). When every step gets slower (longer
       contexts, temperature-1 batches after greedy ones) the level moves and every candidate's cost with it.

@@ -9,18 +9,17 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
   ``Calibration``), batch-averaged on the device and copied to pinned host memory without waiting; the choice
   at step t reads the copy of step t - :data:`EXPECTATION_LAG` (by then long done: the event wait is normally
   free), so the decode path gains no host synchronisation;
-* the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``: per
-  batch bucket, the candidates' cost ratios from sweeps of every candidate on a few steps in a row, every 256 of
-  the bucket's steps or sooner when the load changed, and a level that every other step moves), by one of two
-  clocks (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around every round, read when done; or ``period``, the host time between
-  the starts of two consecutive decode rounds of the same candidate (:class:`_PeriodTimer`), which also holds the
-  host work outside the round (the scheduler's own, SGLang's result processing). On the tiny trained pair (H100,
-  12-06b) auto with the events clock came closer to the best fixed budget than with the period clock in four of
-  six cells (both with the costs of before the sweeps). Under tensor parallelism the first rank of the TP group
-  chooses and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own
-  timings differ, and their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed
-  order), so a choice made on each rank could split them into different verify widths, which would hang the
-  step's collectives.
+* the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``: per batch
+  bucket, the candidates' cost ratios from sweeps of every candidate on a few steps in a row, every 256 of the bucket's
+  steps or sooner when the load changed, and a level that every other step moves), by one of two clocks
+  (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around every round, read when done; or ``period``, the
+  host time between the starts of two consecutive decode rounds of the same candidate (:class:`_PeriodTimer`), which
+  also holds the host work outside the round (the scheduler's own, SGLang's result processing). On the tiny trained pair
+  (H100, 12-06b) auto with the events clock came closer to the best fixed budget than with the period clock in four of
+  six cells (both with the costs of before the sweeps). Under tensor parallelism the first rank of the TP group chooses
+  and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own timings differ, and
+  their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed order), so a choice made on
+  each rank could split them into different verify widths, which would hang the step's collectives.
 
 Each width keeps its CUDA graphs: :func:`capture_verify_widths` captures SGLang's own decode graph runner once per
 extra width, after the server's widest (sharing the attention backend's graph buffers, which the widest sized),
