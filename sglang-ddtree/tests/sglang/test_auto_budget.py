@@ -475,3 +475,28 @@ def test_a_test_budget_file_forces_a_candidate_untimed_and_unsampled(monkeypatch
     auto.tp_group = SimpleNamespace(world_size=2)
     with pytest.raises(ValueError, match="TP = 1 only"):
         auto.begin_step(1)
+
+
+def test_greedy_and_sampled_rounds_keep_their_own_calibration_and_expectations():
+    """A sampled round accepts by the target's probabilities, a greedy one by its argmax: the same trees accept
+    differently (12-06b: 4.4 tokens a round greedy, 1.8 at temperature 1), so each kind learns its own calibration
+    and the choice for a kind of round reads that kind's expectations."""
+    from sglang_ddtree.tree import build_tree
+
+    tree = build_tree(torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(3)), 6, backend="torch")
+    deep = torch.tensor([[0, 1, 2, -1], [0, 1, -1, -1]])  # greedy rounds: the first child and its child accepted
+    none = torch.tensor([[0, -1, -1, -1], [0, -1, -1, -1]])  # sampled rounds: nothing accepted
+    auto = AutoBudget((CHAIN, 6), 4, torch.device("cpu"), clock=lambda: 0.0, sample_every=1)
+    for greedy in [True] * 12 + [False] * 12:
+        auto.begin_step(2, greedy=greedy)
+        auto.expect(tree)
+        auto.observe(6, tree, deep if greedy else none, torch.tensor([2, 1]) if greedy else torch.tensor([0, 0]))
+        auto.end_step()
+    greedy_cal, sampled_cal = auto._calibrations
+    assert float(greedy_cal.observed.sum()) > 0 and float(sampled_cal.observed.sum()) == 0
+    assert float(sampled_cal.predicted.sum()) > 0  # it priced its trees, and saw nothing accepted
+    auto.begin_step(2, greedy=True)
+    greedy_expected = list(auto.expected)
+    auto.begin_step(2, greedy=False)
+    assert auto.expected[1] < greedy_expected[1]  # the same tree promises less to a sampled round
+    assert auto.calibration is sampled_cal

@@ -362,6 +362,34 @@ def test_round_stops_dflash_at_the_graph_head_and_verifies_its_tree(monkeypatch)
     assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_round_tells_the_auto_budget_whether_its_batch_samples(monkeypatch, greedy):
+    """Greedy and sampled rounds keep their own calibration and expectations (auto_budget.KINDS): the round passes
+    the batch's ``is_all_greedy`` to ``begin_step`` and verifies the candidate it returns."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    worker, _ = _head_worker(monkeypatch)
+    worker._draft_sampler = worker._maybe_build_draft_sampler()
+    block_hidden = torch.randn(2 * worker.block_size, 16)
+
+    def dflash_graph_round(self, batch, on_publish=None, grammar_barrier=None):
+        self._draft_sampler(block_hidden)
+        self._draft_sampler.out[:8].view(2, 4)
+        raise AssertionError("DFLASH's round went on to verify its chain")
+
+    calls = []
+    worker._ddtree_auto = SimpleNamespace(begin_step=lambda bs, greedy: calls.append((bs, greedy)) or 3,
+                                          end_step=lambda: calls.append("end"), interrupt=lambda: None)
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_graph_round)
+    monkeypatch.setattr(type(worker), "_ddtree_round",
+                        lambda self, batch, hidden, on_publish, candidate=None, tree=None: calls.append(candidate))
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=False,
+                            seq_lens=torch.tensor([3, 4]), sampling_info=SimpleNamespace(is_all_greedy=greedy))
+    worker.forward_batch_generation(batch)
+    assert calls == [(2, greedy), 3, "end"]
+
+
 def _stand_in_round(monkeypatch, worker, hidden_size=16, vocab=40):
     """Everything ``_ddtree_round`` reads, on CPU: a batch of 2, the drafter's hidden states, a KV pool, the
     target's forward as a stand-in whose argmax follows each node's first child (the verify input it got is in

@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "EXPECTATION_LAG",
     "HYBRID_GRAPHS_ENV",
+    "KINDS",
     "MAX_PERIOD_S",
     "SAMPLE_EVERY",
     "STATS_ENV",
@@ -79,6 +80,8 @@ __all__ = [
 #: Every 16th step leaves about 6; the batch-mean expectation and the calibration drift over hundreds of steps.
 SAMPLE_EVERY = 16
 EXPECTATION_LAG = 2
+#: The kinds of round, each with its calibration and expectations: every request greedy, or some sampling.
+KINDS = ("greedy", "sampled")
 #: Seconds between two "DDTREE budget" log lines (the histogram since the previous line, and the costs).
 LOG_EVERY_S = 60.0
 #: Benchmarks: a file path; every :data:`STATS_EVERY` steps the first TP rank appends one JSON line with the steps
@@ -201,7 +204,12 @@ class AutoBudget:
                  clock: Any = None, sample_every: int = SAMPLE_EVERY):
         self.candidates = tuple(candidates)
         self.device = torch.device(device)
-        self.calibration = Calibration.create(int(block_size) - 1, device=self.device)
+        # one calibration and one expectation per kind of round (KINDS): a sampled round accepts by the target's
+        # probabilities, a greedy one by its argmax, so their acceptance differs (the trained pair, 12-06b: 4.4 tokens
+        # a round greedy, 1.8 at temperature 1, same trees); ``calibration`` is the current round's
+        self._calibrations = [Calibration.create(int(block_size) - 1, device=self.device) for _ in KINDS]
+        self.kind = 0
+        self.calibration = self._calibrations[0]
         self.tp_group = tp_group if int(getattr(tp_group, "world_size", 1) or 1) > 1 else None
         self.first_rank = int(getattr(tp_group, "rank_in_group", 0) or 0) == 0
         self.clock_name = os.environ.get(STEP_CLOCK_ENV, "").strip().lower() or STEP_CLOCKS[0]
@@ -215,7 +223,7 @@ class AutoBudget:
             self.costs = OnlineStepCost(self.candidates)
             self.timer = _StepTimer(self.device, clock)
         self.expectations: collections.deque = collections.deque()
-        self.expected = [0.0] * len(self.candidates)
+        self._expected_by_kind = [[0.0] * len(self.candidates) for _ in KINDS]
         self._expected_sum = [0.0] * len(self.candidates)  # over every sample read: the stats' expected_mean
         self._expected_samples = 0
         self.steps = 0
@@ -231,9 +239,21 @@ class AutoBudget:
         #: the extra widths' graph capture (capture_verify_widths's record), for the stats file
         self.graphs: dict = {}
 
+    @property
+    def expected(self) -> list[float]:
+        """The expected accepted draft nodes per candidate (batch mean) last read for the current kind of round."""
+        return self._expected_by_kind[self.kind]
+
+    @expected.setter
+    def expected(self, values: list[float]) -> None:
+        self._expected_by_kind[self.kind] = list(values)
+
     # --- the choice -----------------------------------------------------------------------------------------
-    def begin_step(self, batch_size: int) -> int:
-        """The candidate to verify this step (host only; starts timing the step)."""
+    def begin_step(self, batch_size: int, greedy: bool = True) -> int:
+        """The candidate to verify this step (host only; starts timing the step). ``greedy``: every request of the
+        batch is greedy (else the round samples: its own calibration and expectations, KINDS)."""
+        self.kind = 0 if greedy else 1
+        self.calibration = self._calibrations[self.kind]
         if self.fixed:
             self.steps += 1
             self.chosen.append(self.candidates[0])
@@ -246,11 +266,11 @@ class AutoBudget:
         self.steps += 1
         self.sampling = (self.steps - 1) % self.sample_every == 0
         while len(self.expectations) >= EXPECTATION_LAG:
-            event, host = self.expectations.popleft()
+            event, host, kind = self.expectations.popleft()
             if event is not None:
                 event.synchronize()  # recorded EXPECTATION_LAG steps ago: done by now
-            self.expected = host.tolist()
-            self._expected_sum = [a + b for a, b in zip(self._expected_sum, self.expected, strict=True)]
+            self._expected_by_kind[kind] = values = host.tolist()
+            self._expected_sum = [a + b for a, b in zip(self._expected_sum, values, strict=True)]
             self._expected_samples += 1
         # every rank chooses, so that the sweeps (which every rank times on its own) stay in step; the first rank's
         # choice is the one verified (a sweep step's is the same on every rank, and keeps its tag)
@@ -312,7 +332,7 @@ class AutoBudget:
             event.record()
         else:
             host, event = expected, None
-        self.expectations.append((event, host))
+        self.expectations.append((event, host, self.kind))
 
     def observe(self, candidate: int, verified: DraftTree, accept_index: torch.Tensor,
                 accept_len: torch.Tensor) -> None:

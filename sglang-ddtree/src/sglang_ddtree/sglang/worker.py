@@ -359,7 +359,10 @@ class DDTreeWorker(DFlashWorkerV2):
             # with the chain width's graphs when the auto budget captured them.
             self._ddtree_select_width(self.block_size)
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
-        candidate = auto.begin_step(len(batch.seq_lens)) if auto is not None else None  # times the whole round
+        candidate = None
+        if auto is not None:  # times the whole round; sampled rounds have their own calibration and expectations
+            greedy = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", True)
+            candidate = auto.begin_step(len(batch.seq_lens), greedy=bool(greedy))
         head = self._ddtree_head
         self._ddtree_capturing = True
         if head is not None:
