@@ -227,3 +227,30 @@ def test_held_candidates_are_priced_as_their_fixed_methods_and_compared_with_aut
     (same,) = tau.same_engine_rows(listed)
     assert (same["best"], same["best_tok_s"], same["auto_over_best"]) == ("8", 240.0, 0.958)
     assert same["held_tok_s"] == {"chain": 190.0, "8": 240.0, "32": 220.0}
+
+
+def test_main_starts_each_engine_with_its_budget_environment_and_the_auto_engine_with_held_candidates(
+        tmp_path, monkeypatch):
+    pair, work = tmp_path / "pair", tmp_path / "work"
+    (pair / "drafter").mkdir(parents=True)
+    (pair / "drafter" / "config.json").write_text(json.dumps({"block_size": 16}))
+    calls = []
+
+    def run_config(out, models, algo, budget, mode, extra, env, need_s=None):
+        calls.append((out.name, algo, budget, extra, env, need_s))
+        return {"sglang": "0.5.17", "tau": []}
+
+    monkeypatch.setattr(tau, "run_config", run_config)
+    monkeypatch.setattr(sys, "argv", ["tau.py", "--pair", str(pair), "--work", str(work), "--new-tokens", "8"])
+    assert tau.main() == 0
+    by = {name: (algo, budget, extra, env, need) for name, algo, budget, extra, env, need in calls}
+    algo, budget, extra, env, need = by["tau-DDTREE-auto.json"]
+    assert (algo, budget, need) == ("DDTREE", 32, tau.FORCED_NEED_S)
+    assert extra[-2:] == ["--force-budgets", "chain,4,8,16,32"]
+    assert env["SGLANG_DDTREE_BUDGET"] == "auto" and env["SGLANG_DDTREE_TEST_BUDGET"].endswith("forced.txt")
+    algo, budget, extra, env, need = by["tau-DDTREE-auto-period.json"]
+    assert "--force-budgets" not in extra and "SGLANG_DDTREE_TEST_BUDGET" not in env and need is None
+    assert env["SGLANG_DDTREE_STEP_CLOCK"] == "period"
+    _, budget, _, env, need = by["tau-DDTREE-4.json"]  # below half the block: served under a wider reservation
+    assert (budget, env, need) == (7, {"SGLANG_DDTREE_BUDGET": "4"}, None)
+    assert by["tau-DDTREE-16.json"][3] is None and len(calls) == len(tau.CONFIGS)
