@@ -10,9 +10,10 @@ temperature of the tau rows, each fixed candidate c (DFLASH's chain, each DDTREE
 ``B * tau(c) / ms(c, B)`` tokens per ms at the 8B shape, where tau(c) is the trained pair's measured tokens per
 round at that batch and temperature (nearest measured batch) and ms(c, B) the 8B shape's measured step. The auto
 budget's pick is what ``sglang_ddtree.budget.OnlineStepCost.choose`` takes with those step costs recorded and,
-for expectations, the calibrated expected accepted nodes its trained-pair run reported (``expected_mean`` of its
-stats file, every batch and temperature together) or, without a stats file, tau(c) - 1 (then the pick is the best
-fixed candidate by construction, and the table says so). The goal of issue 24: the pick within 2% of the best.
+for expectations, the calibrated expected accepted nodes its trained-pair run reported (its stats file's
+``expected_mean_by_kind``: greedy rounds for T=0, sampled ones otherwise; every batch together; else its
+``expected_mean`` over all rounds) or, without a stats file, tau(c) - 1 (then the pick is the best fixed candidate
+by construction, and the table says so). The goal of issue 24: the pick within 2% of the best.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def auto_pick(costs: dict[str, float], expected: dict[str, float], batch: int) -
     return CHAIN_NAME if pick == CHAIN else str(pick)
 
 
-def project(tau_rows: list[dict], cost_rows: list[dict], expected_mean: dict[str, float] | None) -> list[dict]:
+def project(tau_rows: list[dict], cost_rows: list[dict], expected_mean: dict[str, float] | None,
+            by_kind: dict[str, dict[str, float]] | None = None) -> list[dict]:
     """One row per (temperature, 8B batch): tokens/ms of every fixed candidate, the best, auto's pick and ratio."""
     taus = fixed_taus(tau_rows)
     rows = []
@@ -89,14 +91,18 @@ def project(tau_rows: list[dict], cost_rows: list[dict], expected_mean: dict[str
                 continue
             rate = {n: batch * tau_c[n] / costs[n] for n in names}
             best = max(names, key=lambda n: rate[n])
-            expected = expected_mean if expected_mean else {n: tau_c[n] - 1.0 for n in names}
+            kind = "greedy" if temp == 0 else "sampled"
+            own = (by_kind or {}).get(kind)
+            expected = own or expected_mean or {n: tau_c[n] - 1.0 for n in names}
+            source = (f"auto's calibrated expected_mean ({kind} rounds)" if own
+                      else "auto's calibrated expected_mean" if expected_mean else "tau - 1 (oracle)")
             pick = auto_pick({n: costs[n] for n in names}, expected, batch)
             rows.append({
                 "temperature": temp, "batch": batch, "tau_batch": nearest,
                 "tau": {n: tau_c[n] for n in names}, "ms": {n: costs[n] for n in names},
                 "tok_per_ms": {n: round(rate[n], 4) for n in names}, "best": best, "auto": pick,
                 "auto_over_best": round(rate[pick] / rate[best], 4),
-                "expectations": "auto's calibrated expected_mean" if expected_mean else "tau - 1 (oracle)",
+                "expectations": source,
             })
     return rows
 
@@ -112,11 +118,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def last_expected_mean(path: Path | None) -> dict[str, float] | None:
+def last_expected_mean(path: Path | None) -> tuple[dict[str, float] | None, dict[str, dict[str, float]] | None]:
+    """The auto stats file's last ``expected_mean`` and ``expected_mean_by_kind`` (None where absent)."""
     if path is None or not path.exists():
-        return None
+        return None, None
     lines = path.read_text().splitlines()
-    return (json.loads(lines[-1]).get("expected_mean") or None) if lines else None
+    last = json.loads(lines[-1]) if lines else {}
+    return last.get("expected_mean") or None, last.get("expected_mean_by_kind") or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tau_rows = json.loads(args.tau.read_text())["rows"]
     cost_rows = [r for f in args.step_cost for r in json.loads(f.read_text())["rows"]]
-    rows = project(tau_rows, cost_rows, last_expected_mean(args.auto_stats))
+    rows = project(tau_rows, cost_rows, *last_expected_mean(args.auto_stats))
     text = markdown(rows)
     print(text)
     if args.out:

@@ -500,3 +500,5 @@ def test_greedy_and_sampled_rounds_keep_their_own_calibration_and_expectations()
     auto.begin_step(2, greedy=False)
     assert auto.expected[1] < greedy_expected[1]  # the same tree promises less to a sampled round
     assert auto.calibration is sampled_cal
+    by_kind = auto.stats()["expected_mean_by_kind"]  # what the projection to the 8B shape prices, per temperature
+    assert set(by_kind) == {"greedy", "sampled"} and by_kind["sampled"]["6"] < by_kind["greedy"]["6"]

@@ -62,3 +62,16 @@ def test_the_command_writes_markdown_and_json(tmp_path):
     assert "| 0.0 | 1 | chain: 3.00 / 7.00 ms = 0.429; 16: 3.70 / 7.00 ms = 0.529; 32: 4.00 / 9.00 ms = 0.444" in text
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     assert rows[0]["auto"] == "16" and rows[0]["expectations"] == "auto's calibrated expected_mean"
+
+
+def test_each_temperature_is_priced_with_its_own_kind_of_rounds_expectations():
+    """Greedy rounds for T=0, sampled ones for T=1 (the stats' expected_mean_by_kind): the same tree promises less to
+    a sampled round, so the pick there may be narrower."""
+    tau_rows = constructed_tau + [{**r, "temperature": 1.0, "tau_sglang": r["tau_sglang"] / 2}
+                                  for r in constructed_tau if r["temperature"] == 0.0]
+    by_kind = {"greedy": {"chain": 2.0, "16": 2.7, "32": 6.0}, "sampled": {"chain": 1.0, "16": 1.35, "32": 1.4}}
+    rows = {(r["temperature"], r["batch"]): r for r in proj.project(tau_rows, constructed_costs, None, by_kind)}
+    greedy, sampled = rows[(0.0, 1)], rows[(1.0, 1)]
+    assert greedy["auto"] == "32" and greedy["expectations"] == "auto's calibrated expected_mean (greedy rounds)"
+    assert sampled["auto"] == "16" and sampled["expectations"].endswith("(sampled rounds)")  # 2.35 / 7 > 2.4 / 9
+

@@ -224,8 +224,9 @@ class AutoBudget:
             self.timer = _StepTimer(self.device, clock)
         self.expectations: collections.deque = collections.deque()
         self._expected_by_kind = [[0.0] * len(self.candidates) for _ in KINDS]
-        self._expected_sum = [0.0] * len(self.candidates)  # over every sample read: the stats' expected_mean
-        self._expected_samples = 0
+        # over every sample read, per kind of round: the stats' expected_mean and expected_mean_by_kind
+        self._expected_sums = [[0.0] * len(self.candidates) for _ in KINDS]
+        self._expected_counts = [0 for _ in KINDS]
         self.steps = 0
         self.sample_every = max(1, int(sample_every))
         self.sampling = False  # this step updates the expectations and the calibration
@@ -270,8 +271,8 @@ class AutoBudget:
             if event is not None:
                 event.synchronize()  # recorded EXPECTATION_LAG steps ago: done by now
             self._expected_by_kind[kind] = values = host.tolist()
-            self._expected_sum = [a + b for a, b in zip(self._expected_sum, values, strict=True)]
-            self._expected_samples += 1
+            self._expected_sums[kind] = [a + b for a, b in zip(self._expected_sums[kind], values, strict=True)]
+            self._expected_counts[kind] += 1
         # every rank chooses, so that the sweeps (which every rank times on its own) stay in step; the first rank's
         # choice is the one verified (a sweep step's is the same on every rank, and keeps its tag)
         candidate = self.costs.choose(self.expected, batch_size)
@@ -355,15 +356,21 @@ class AutoBudget:
     def stats(self) -> dict:
         """Steps, the histogram of every choice so far, the measured ms per batch bucket and candidate, and the
         mean of the (calibrated, batch-mean) expected accepted draft nodes per candidate over the samples read so far
-        (``expected_mean``, empty before the first: what a projection to other step costs prices)."""
+        (``expected_mean``, empty before the first: what a projection to other step costs prices), also per kind of
+        round (``expected_mean_by_kind``: ``greedy``, ``sampled``, those with samples)."""
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {label: {name[c]: round(ms, 4) for c, ms in zip(self.candidates, row, strict=True) if ms is not None}
                  for label, row in self.measured()}
-        samples = self._expected_samples
-        expected = ({name[c]: round(v / samples, 4) for c, v in zip(self.candidates, self._expected_sum, strict=True)}
-                    if samples else {})
+
+        def mean(sums: list[float], count: int) -> dict[str, float]:
+            return {name[c]: round(v / count, 4) for c, v in zip(self.candidates, sums, strict=True)} if count else {}
+
+        total = [sum(column) for column in zip(*self._expected_sums, strict=True)]
+        by_kind = {kind: mean(sums, count) for kind, sums, count in
+                   zip(KINDS, self._expected_sums, self._expected_counts, strict=True) if count}
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
-                "step_ms": costs, "clock": self.clock_name, "expected_mean": expected, "graphs": self.graphs}
+                "step_ms": costs, "clock": self.clock_name, "expected_mean": mean(total, sum(self._expected_counts)),
+                "expected_mean_by_kind": by_kind, "graphs": self.graphs}
 
     def write_stats(self) -> None:
         with open(self.stats_path, "a", encoding="utf-8") as fh:
