@@ -74,4 +74,3 @@ def test_each_temperature_is_priced_with_its_own_kind_of_rounds_expectations():
     greedy, sampled = rows[(0.0, 1)], rows[(1.0, 1)]
     assert greedy["auto"] == "32" and greedy["expectations"] == "auto's calibrated expected_mean (greedy rounds)"
     assert sampled["auto"] == "16" and sampled["expectations"].endswith("(sampled rounds)")  # 2.35 / 7 > 2.4 / 9
-

@@ -251,6 +251,6 @@ def test_main_starts_each_engine_with_its_budget_environment_and_the_auto_engine
     algo, budget, extra, env, need = by["tau-DDTREE-auto-period.json"]
     assert "--force-budgets" not in extra and "SGLANG_DDTREE_TEST_BUDGET" not in env and need is None
     assert env["SGLANG_DDTREE_STEP_CLOCK"] == "period"
-    _, budget, _, env, need = by["tau-DDTREE-4.json"]  # below half the block: served under a wider reservation
-    assert (budget, env, need) == (7, {"SGLANG_DDTREE_BUDGET": "4"}, None)
+    narrow = by["tau-DDTREE-4.json"]  # below half the block: served under a wider reservation
+    assert (narrow[1], narrow[3], narrow[4]) == (7, {"SGLANG_DDTREE_BUDGET": "4"}, None)
     assert by["tau-DDTREE-16.json"][3] is None and len(calls) == len(tau.CONFIGS)
