@@ -129,12 +129,13 @@ AUTO_OVER_BEST = 0.98
 AUTO_OVER_DFLASH = 1.10
 
 
-def fixed_cells(rows: list[dict], field: str, name) -> dict[tuple[float, int], dict[str, float]]:
-    """{(temperature, batch): {name(method, budget): row[field]}} of the fixed methods' rows (DFLASH's and the DDTREE
-    budgets') where ``field`` is set."""
+def fixed_cells(rows: list[dict], field: str, name, methods: tuple[str, ...] = ("dflash", "ddtree")
+                ) -> dict[tuple[float, int], dict[str, float]]:
+    """{(temperature, batch): {name(method, budget): row[field]}} of the rows of ``methods`` (default the fixed
+    engines: DFLASH's and the DDTREE budgets') where ``field`` is set."""
     cells: dict[tuple[float, int], dict[str, float]] = {}
     for r in rows:
-        if r["method"] in ("dflash", "ddtree") and r.get(field):
+        if r["method"] in methods and r.get(field):
             cells.setdefault((r["temperature"], r["batch"]), {})[name(r["method"], r["budget"])] = r[field]
     return cells
 
@@ -171,8 +172,7 @@ def same_engine_rows(rows: list[dict]) -> list[dict]:
     """Auto against its own candidates held fixed in the same engine (``ddtree-in-auto`` rows), per temperature and
     batch: the best of them, its tok/s, and auto's over it (issue 24's 0.98 apart from the engine-to-engine
     differences)."""
-    held = fixed_cells([{**r, "method": "ddtree"} for r in rows if r["method"] == "ddtree-in-auto"], "tok_s",
-                       lambda method, budget: str(budget))
+    held = fixed_cells(rows, "tok_s", lambda method, budget: str(budget), methods=("ddtree-in-auto",))
     out = []
     for r in rows:
         cell = held.get((r["temperature"], r["batch"]))

@@ -530,7 +530,7 @@ class OnlineStepCost:
         self._pool: list[list[list[float]] | None] = [None for _ in buckets]  # the open sweep's samples
         self._swept_level: list[float | None] = [None for _ in buckets]  # the level when the last ratios were set
         self._index = {c: i for i, c in enumerate(self.candidates)}
-        self._log_clip = math.log(self.clip)
+        self._log_clip, self._log_drift = math.log(self.clip), math.log(self.drift)
         self.last_tag: tuple[int, int] | None = None
 
     def bucket(self, batch_size: int) -> int:
@@ -565,8 +565,7 @@ class OnlineStepCost:
         pool = self._pool[k]
         if pool is None or self._queue[k]:
             return
-        burst = self.min_samples if self.sweeps[k] == 1 else self.refresh_burst
-        complete = all(len(p) >= burst - self.unsampled_per_burst for p in pool)
+        complete = all(len(p) >= self._burst(self.sweeps[k]) - self.unsampled_per_burst for p in pool)
         if not complete and self.steps[k] - self._sweep_end[k] < self.settle_steps:
             return
         self._pool[k] = None
@@ -579,7 +578,8 @@ class OnlineStepCost:
             base = statistics.fmean(stat.values())
             for c, x in stat.items():
                 ratio[c] = x - base
-            self.level[k] = base if self.level[k] is None else self.level[k]
+            if self.level[k] is None:
+                self.level[k] = base
         else:  # relative to the candidates measured before, whose mean ratio stays where it was
             shift = statistics.fmean(ratio[c] for c in known) - statistics.fmean(stat[c] for c in known)
             for c, x in stat.items():
@@ -598,7 +598,11 @@ class OnlineStepCost:
         more: the load changed, so its ratios are measured again."""
         level, swept = self.level[k], self._swept_level[k]
         return (level is not None and swept is not None and step - self._sweep_start[k] >= self.min_gap
-                and abs(level - swept) > math.log(self.drift))
+                and abs(level - swept) > self._log_drift)
+
+    def _burst(self, sweep: int) -> int:
+        """Consecutive steps per candidate in the bucket's ``sweep``-th sweep (1: the exploration)."""
+        return self.min_samples if sweep == 1 else self.refresh_burst
 
     def costs(self, batch_size: int) -> list[float | None]:
         """The measured ms of every candidate at this batch size's bucket (None: not measured yet)."""
@@ -630,9 +634,9 @@ class OnlineStepCost:
         if not queue and self._pool[k] is None and (
             self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.refresh_steps or self._drifted(k, step)
         ):
-            burst = self.min_samples if self.sweeps[k] == 0 else self.refresh_burst
-            queue.extend(c for c in range(len(self.candidates)) for _ in range(burst))
             self.sweeps[k] += 1
+            burst = self._burst(self.sweeps[k])
+            queue.extend(c for c in range(len(self.candidates)) for _ in range(burst))
             self._sweep_start[k] = step
             self._pool[k] = [[] for _ in self.candidates]
         if queue:

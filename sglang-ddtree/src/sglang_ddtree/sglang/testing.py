@@ -75,8 +75,8 @@ def forced_budget() -> int | None:
         st = os.stat(BUDGET_FILE)
     except (FileNotFoundError, TypeError):
         return None
-    mtime = (st.st_mtime_ns, st.st_size)
-    if mtime != _forced[0]:
+    key = (st.st_mtime_ns, st.st_size)
+    if key != _forced[0]:
         with open(BUDGET_FILE, encoding="utf-8") as fh:
             text = fh.read().strip().lower()
         if text in ("", "auto"):
@@ -88,7 +88,7 @@ def forced_budget() -> int | None:
         else:
             raise ValueError(f"SGLANG_DDTREE_TEST_BUDGET={BUDGET_FILE}: {text!r} is no candidate: write auto, chain "
                              "or a budget")
-        _forced = (mtime, value)
+        _forced = (key, value)
     return _forced[1]
 
 
