@@ -26,7 +26,8 @@
 #   pair-wait         until the pair is saved (train_pair.py then still evaluates it in its reference engine)
 #   train-wait        until train_pair.py has ended
 #   lossless-trained  lossless.py on the trained pair, natural drafts, temperature-1 test (TRAINED_BUDGETS, 8,16; AUTO)
-#   tau               bench/gpu/tau.py: issue 24's table, goal and clock check
+#   tau               bench/gpu/tau.py: issue 24's table, goal and clock check (TAU_CONFIGS: a subset of its
+#                     engines, e.g. none,DFLASH,auto: auto and its candidates held fixed in one engine)
 #   cost-tiny, cost-8b, cost-hybrid, cost-8b-context  bench/gpu/step_cost.py on the tiny pair and on
 #                     bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid shapes (COST_REPEATS, 5;
 #                     COST_BUDGETS, 16; COST_ALGOS; COST_BATCHES (tiny); HYBRID_LAYERS, 40 on a GPU of 130 GB or
@@ -168,7 +169,8 @@ run_step() {
       step lossless-trained python3 bench/gpu/lossless.py --models "$STATE/pair" --work "$STATE/lossless-trained" \
         --label pure --natural --prompts-file "$STATE/pair/eval_prompts.json" --budgets "${TRAINED_BUDGETS:-8,16}" \
         --sampling ${AUTO:+--auto} ;;
-    tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" ;;
+    tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" \
+        ${TAU_CONFIGS:+--configs "$TAU_CONFIGS"} ;;
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
     attn-mask) step attn-mask python3 bench/gpu/attn_mask.py --out "$STATE/attn-mask.json" ;;
     glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;

@@ -37,6 +37,20 @@ FORCED_IN = {"auto": "chain,4,8,16,32"}
 FORCED_NEED_S = 240
 
 
+def config_name(method: str, budget) -> str:
+    """How ``--configs`` names an engine of CONFIGS: none, DFLASH, auto, auto-period or the DDTREE budget."""
+    return method if method in ("none", "DFLASH") else str(budget)
+
+
+def config_names(text: str) -> set[str]:
+    """``--configs``' value: a set of :func:`config_name` names, each one of CONFIGS'."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    known = [config_name(m, b) for m, b in CONFIGS]
+    if not names or names - set(known):
+        raise argparse.ArgumentTypeError(f"--configs takes a comma-separated subset of {','.join(known)}, got {text!r}")
+    return names
+
+
 def reservation(budget: int, block_size: int) -> int:
     """The widest budget a server verifying ``budget`` nodes needs (the plugin's start-up rule,
     ``sglang_ddtree.budget.least_widest_budget``): a budget below half the block is served as
@@ -239,6 +253,10 @@ def main() -> int:
     ap.add_argument("--result", type=Path)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--configs", type=config_names, default=None,
+                    help="a subset of the engines, comma-separated, run in the table's order: none, DFLASH, auto, "
+                         "auto-period or a DDTREE budget (4, 8, 16, 32); default all. The auto engine times its "
+                         "candidates held fixed, so none,DFLASH,auto compares auto with every budget in one engine")
     ap.add_argument("--new-tokens", type=int, default=0,
                     help="new tokens per request (default: the reference evaluation's, from the pair's train_log)")
     args = ap.parse_args()
@@ -251,6 +269,8 @@ def main() -> int:
     runs = {}
     unfinished = False
     for method, budget in CONFIGS:
+        if args.configs is not None and config_name(method, budget) not in args.configs:
+            continue
         extra = [
             "--prompts-file",
             str(args.pair / "eval_prompts.json"),

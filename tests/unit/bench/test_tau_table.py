@@ -4,6 +4,7 @@ histogram), on CONSTRUCTED runner records (named ``constructed_*``). The GPU run
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -254,3 +255,21 @@ def test_main_starts_each_engine_with_its_budget_environment_and_the_auto_engine
     narrow = by["tau-DDTREE-4.json"]  # below half the block: served under a wider reservation
     assert (narrow[1], narrow[3], narrow[4]) == (7, {"SGLANG_DDTREE_BUDGET": "4"}, None)
     assert by["tau-DDTREE-16.json"][3] is None and len(calls) == len(tau.CONFIGS)
+
+
+def test_configs_runs_only_the_named_engines_in_the_tables_order(tmp_path, monkeypatch):
+    pair, work = tmp_path / "pair", tmp_path / "work"
+    (pair / "drafter").mkdir(parents=True)
+    (pair / "drafter" / "config.json").write_text(json.dumps({"block_size": 16}))
+    names = []
+    monkeypatch.setattr(tau, "run_config", lambda out, *args, **kwargs: names.append(out.name) or None)
+    monkeypatch.setattr(sys, "argv", ["tau.py", "--pair", str(pair), "--work", str(work), "--new-tokens", "8",
+                                      "--configs", "auto,DFLASH,none"])
+    assert tau.main() == 0
+    assert names == ["tau-none-0.json", "tau-DFLASH-0.json", "tau-DDTREE-auto.json"]
+
+
+@pytest.mark.parametrize("text", ["", "auto,7", "dflash"])
+def test_configs_refuses_an_engine_the_table_does_not_have(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="--configs takes"):
+        tau.config_names(text)
