@@ -22,7 +22,8 @@
 #   hybrid            models-hybrid + measure-hybrid
 #   lossless-shape    lossless.py on the Qwen3.6-27B hybrid shape (SHAPE_BUDGETS, 16)
 #   train-start       bench/gpu/train_pair.py in the background, in its own process session so that it outlives the
-#                     call while the machine is held; a failed training is started again
+#                     call while the machine is held; a failed training is started again (TRAIN_SET: Settings
+#                     overrides, e.g. "budgets=32 temperatures=0" evaluates fewer reference rows: a shorter train-wait)
 #   pair-wait         until the pair is saved (train_pair.py then still evaluates it in its reference engine)
 #   train-wait        until train_pair.py has ended
 #   lossless-trained  lossless.py on the trained pair, natural drafts, temperature-1 test (TRAINED_BUDGETS, 8,16; AUTO)
@@ -118,7 +119,9 @@ hybrid_layers() {
 }
 
 train_start() {  # train_pair.py in its own process session, so that it outlives this call while the machine is held
-  setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair' >'$STATE/train.log' 2>&1;
+  local item settings=""
+  for item in ${TRAIN_SET:-}; do settings+=" --set '$item'"; done  # e.g. TRAIN_SET="budgets=32 temperatures=0"
+  setsid nohup bash -c "python3 bench/gpu/train_pair.py --out '$STATE/pair'$settings >'$STATE/train.log' 2>&1;
     echo \$? >'$STATE/train.rc'" </dev/null >/dev/null 2>&1 &
   echo "bench/gpu/train_pair.py --out $STATE/pair in the background (log $STATE/train.log)"
 }
