@@ -266,7 +266,7 @@ def test_configs_runs_only_the_named_engines_in_the_tables_order(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["tau.py", "--pair", str(pair), "--work", str(work), "--new-tokens", "8",
                                       "--configs", "auto,DFLASH,none"])
     assert tau.main() == 0
-    assert names == ["tau-none-0.json", "tau-DFLASH-0.json", "tau-DDTREE-auto.json"]
+    assert names == ["tau-DDTREE-auto.json", "tau-none-0.json", "tau-DFLASH-0.json"]
 
 
 @pytest.mark.parametrize("text", ["", "auto,7", "dflash"])
