@@ -21,9 +21,10 @@ from pathlib import Path
 from engine_run import OutOfTime, run_config
 from sglang_ddtree.budget import least_widest_budget
 
+#: The engines, in the order they run: auto (with its held candidates) first, so that a call cut short still
+#: compares it with every budget in its own engine.
 CONFIGS = [("DDTREE", "auto"), ("none", 0), ("DFLASH", 0), ("DDTREE", "auto-period"), ("DDTREE", 16),
-           ("DDTREE", 8), ("DDTREE", 32), ("DDTREE", 4)]  # auto (with its held candidates) first: a call cut short
-#                                                             still compares it with every budget in its own engine
+           ("DDTREE", 8), ("DDTREE", 32), ("DDTREE", 4)]
 #: DDTREE "auto" (issue 24): SGLANG_DDTREE_BUDGET=auto on a server whose widest budget is this (candidates: the
 #: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget);
 #: "auto-period" the same with the step costs read by the period clock (SGLANG_DDTREE_STEP_CLOCK=period)
