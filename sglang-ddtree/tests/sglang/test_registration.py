@@ -298,7 +298,7 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
     """Seen in the lab's minimal SGLang venv: spec_utils fails to import there; the hook is skipped, not broken."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_ddtree.sglang import hooks
+    from sglang_ddtree.sglang import gdn_verify, hooks
 
     recorded = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, *a, **k: recorded.append(target)))
@@ -311,5 +311,5 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
         registered = hooks.register_hooks()
     assert registered == recorded == [hooks.CREATE_DUMMY_VERIFY_INPUT, hooks.GRAPH_GET_SPEC_INFO,
                                       hooks.TRITON_BACKEND_INIT, hooks.SCHEDULER_INTERNAL_STATE,
-                                      hooks.REQ_TO_TOKEN_EXTRA]
+                                      hooks.REQ_TO_TOKEN_EXTRA, gdn_verify.TARGET]
     assert [r.getMessage() for r in caplog.records if bogus in r.getMessage() and "needs it to serve" in r.getMessage()]

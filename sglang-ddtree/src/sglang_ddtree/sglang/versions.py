@@ -16,6 +16,9 @@ Differences handled here (and only here):
   all the plugin's server-arg handling uses.
 * reading a resolved field after resolution (``resolution_result`` on 0.5.23, the attribute on 0.5.17).
 * attention data parallelism: ``attn_dp_enabled_of`` (0.5.23) versus ``enable_dp_attention`` (0.5.17).
+* the q/k L2 norm of SGLang's GatedDeltaNet recurrent kernel: ``x / sqrt(s)`` up to 0.5.21, ``x * (1 / sqrt(s))``
+  from 0.5.22 (``gdn_reciprocal_norm``); the plugin's tree-verify kernel (``_triton_gdn.py``) follows the installed
+  release so that its results stay SGLang's bit for bit.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "MAX_SGLANG",
     "MIN_SGLANG",
     "attn_dp_enabled",
+    "gdn_reciprocal_norm",
     "installed_sglang_version",
     "parse_release",
     "resolved_field",
@@ -106,3 +110,10 @@ def attn_dp_enabled(cfg: Any) -> bool:
         except Exception:  # a view missing a field the helper reads: fall back to the plain flag
             pass
     return bool(getattr(cfg, "enable_dp_attention", False))
+
+
+def gdn_reciprocal_norm(version: str | None) -> bool:
+    """Whether SGLang ``version``'s GatedDeltaNet recurrent kernel L2-normalises q and k by multiplying with the
+    reciprocal root (0.5.22 and later) rather than dividing by the root (0.5.17 to 0.5.21)."""
+    release = parse_release(version or "")
+    return release is not None and ((*release, 0, 0, 0))[:3] >= (0, 5, 22)
