@@ -15,6 +15,8 @@
 #                     z-lab's dflash wheel if carried, make the tiny models
 #   glue-check        the fused glue kernels on the GPU against their torch references; the start-up warm-up covers
 #                     later rounds (no new kernel variant after it)
+#   gdn-kernel        the plugin's GatedDeltaNet tree-verify kernel against SGLang's on the GPU at Qwen3.6-27B's
+#                     widths (bit for bit, both timed; sglang-ddtree/tests/sglang/test_gdn_tree_kernel.py -k cuda)
 #   measure           sglang_ddtree_gpu.sh measure (tiny pair)
 #   lossless, lossless-hybrid  bench/gpu/lossless.py, oracle-forced deep and branching drafts, graph vs eager
 #                     (LOSSLESS_BUDGETS, HYBRID_BUDGETS; AUTO=1 adds SGLANG_DDTREE_BUDGET=auto)
@@ -34,7 +36,9 @@
 #                     COST_BUDGETS, 16; COST_ALGOS; COST_BATCHES (tiny); HYBRID_LAYERS, 40 on a GPU of 130 GB or
 #                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8). COST_AB=1: cost-8b also
 #                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
-#                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (also cost-pair's)
+#                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (cost-8b, cost-hybrid,
+#                     cost-tiny, cost-pair), e.g. "--ab sglang-gdn:SGLANG_DDTREE_OWN_GDN=0" on cost-hybrid: DDTREE
+#                     also with SGLang's GatedDeltaNet tree kernel instead of the plugin's
 #   cost-pair         step_cost.py on the trained pair (PAIR_BUDGETS, 16,32; PAIR_BATCHES, 1,8,32): wall ms per step
 #                     beside the profile's GPU time ("--ab auto:SGLANG_DDTREE_BUDGET=auto" ranks what auto adds)
 #   step-cost         sglang_ddtree_gpu.sh step-cost (issue 18's layout; CONTEXTS)
@@ -177,6 +181,8 @@ run_step() {
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;
     attn-mask) step attn-mask python3 bench/gpu/attn_mask.py --out "$STATE/attn-mask.json" ;;
     glue-check) step glue-check python3 sglang-ddtree/tests/triton_interpreted_check.py --glue-device cuda ;;
+    gdn-kernel) step gdn-kernel bash -c "set -o pipefail; cd sglang-ddtree && SGLANG_DDTREE_TEST_DEVICE=cuda python3 -m pytest -q -s \
+        -p no:cacheprovider tests/sglang/test_gdn_tree_kernel.py -k cuda 2>&1 | tee '$STATE/gdn-kernel.log'" ;;
     cost-8b) step cost-8b bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b' --label qwen3-8b-shape \
           --contexts 128 --budgets ${COST_BUDGETS:-16} --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB:+--ab-attention} \
@@ -185,7 +191,7 @@ run_step() {
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
           --label qwen36-27b-hybrid-shape --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} \
-          --repeats ${COST_REPEATS:-5}" ;;
+          --repeats ${COST_REPEATS:-5} ${COST_AB_ARGS:-}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '${CONTEXT_BATCHES:-32768=1,8}' --algos DFLASH,DDTREE \
@@ -214,7 +220,7 @@ export T0 DEADLINE_S
 export RUN_ALL_DEADLINE=$((T0 + DEADLINE_S))  # bench/gpu/engine_run.py starts no engine too close to it
 # Named sets of steps: issue23 is every measurement of issue 23's table (the three targets' step cost, the 8B shape
 # at 1k, 8k and 32k tokens of context, greedy identity on the pure and hybrid pairs and the 27B hybrid shape).
-ISSUE23="sglang-setup glue-check cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
+ISSUE23="sglang-setup glue-check gdn-kernel cost-tiny cost-8b cost-hybrid lossless lossless-hybrid lossless-shape cost-8b-context"
 # issue24: the trained pair and its tau table (auto with both clocks beside every fixed budget). Untimed checks run
 # while the pair trains (the tiny pair's greedy identity) and while train_pair.py evaluates the saved pair in its
 # reference engine (the trained pair's, lossless-trained); nothing timed does. About 1400 s on the lent H100 (12-06b:
