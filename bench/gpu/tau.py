@@ -298,10 +298,10 @@ def main() -> int:
         try:
             rec = run_config(args.work / f"tau-{method}-{budget}.json", args.pair, method, widest, "tau", extra, env,
                              need_s=need)
-        except OutOfTime as exc:  # the table of what ran so far, and a failed step: the next call goes on
-            print(exc, flush=True)
+        except OutOfTime as exc:  # a failed step (the next call goes on); the engines after it that finished in an
+            print(exc, flush=True)  # earlier call, or need less time than is left, still make this call's table
             unfinished = True
-            break
+            continue
         if rec is not None and budget in AUTO_ENV:
             rec["budget_stats"] = last_stats(stats)
         if rec is not None:

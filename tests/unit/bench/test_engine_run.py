@@ -51,7 +51,8 @@ def test_tau_stops_at_the_calls_end_with_a_partial_table_and_a_failed_step(tmp_p
     (pair / "drafter").mkdir(parents=True)
     (pair / "drafter" / "config.json").write_text(json.dumps({"block_size": 16}))
     work.mkdir()
-    # the first configuration finished in an earlier call (constructed record); the second is out of time
+    # auto (the first configuration, 240 s) is out of time; none finished in an earlier call (constructed record)
+    # and is in the table; every other engine is out of time too
     (work / "tau-none-0.json").write_text(json.dumps({"sglang": "0.5.17", "tau": [
         {"batch": 1, "temperature": 0.0, "tau": 1.0, "tok_s": 100.0}]}))
     monkeypatch.setenv("RUN_ALL_DEADLINE", str(engine_run.time.time() + 5))
