@@ -250,34 +250,47 @@ def test_no_tree_another_algorithm_or_another_device_goes_to_sglang(hooked, monk
     assert theirs[0][0] == ("kernel",) and theirs[0][1]["stable_rows"] is False  # passed through as given
 
 
-def test_the_env_var_keeps_sglangs_kernel(monkeypatch, caplog):
+def test_sglangs_kernel_stays_unless_the_env_var_opts_in(monkeypatch, caplog):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_ddtree.sglang import gdn_verify
 
     recorded = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, *a, **k: recorded.append(target)))
-    assert gdn_verify.install_problem({}) is None
-    assert gdn_verify.enabled({gdn_verify.ENV: "1"})
-    for off in ("0", "off", "sglang"):
-        assert not gdn_verify.enabled({gdn_verify.ENV: off})
-        assert gdn_verify.ENV in gdn_verify.install_problem({gdn_verify.ENV: off})
-    monkeypatch.setenv(gdn_verify.ENV, "0")
+    assert gdn_verify.install_problem({gdn_verify.ENV: "1"}) is None
+    for on in ("1", "on", "plugin"):
+        assert gdn_verify.enabled({gdn_verify.ENV: on})
+    for off in ({}, {gdn_verify.ENV: "0"}, {gdn_verify.ENV: "off"}, {gdn_verify.ENV: "sglang"}):
+        assert not gdn_verify.enabled(off)
+        assert gdn_verify.ENV in gdn_verify.install_problem(off)
+    monkeypatch.delenv(gdn_verify.ENV, raising=False)
     with caplog.at_level("INFO", logger=gdn_verify.__name__):
         assert gdn_verify.register_gdn_hook() == []
     assert recorded == []
     assert [r for r in caplog.records if "stays SGLang's kernel" in r.getMessage() and r.levelname == "INFO"]
-    monkeypatch.delenv(gdn_verify.ENV)
+    monkeypatch.setenv(gdn_verify.ENV, "1")
     assert gdn_verify.register_gdn_hook() == [gdn_verify.TARGET] == recorded
 
 
-def test_the_installed_sglang_has_the_expected_method_and_the_hook_is_applied(plugins_loaded):
+def test_the_installed_sglang_has_the_expected_method_and_the_opted_in_hook_is_applied(monkeypatch):
+    import collections
+
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_ddtree.sglang import gdn_verify
 
-    assert gdn_verify.signature_problem(TritonGDNKernel.target_verify) is None
-    assert hasattr(TritonGDNKernel.target_verify, "__wrapped__")  # HookRegistry wrapped it
+    original = getattr(TritonGDNKernel.target_verify, "__wrapped__", TritonGDNKernel.target_verify)
+    assert gdn_verify.signature_problem(original) is None
+    # a registry of this test's own, and SGLang's method put back afterwards
+    monkeypatch.setattr(TritonGDNKernel, "target_verify", original)
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setenv(gdn_verify.ENV, "1")
+    assert gdn_verify.register_gdn_hook() == [gdn_verify.TARGET]
+    HookRegistry.apply_hooks()
+    assert TritonGDNKernel.target_verify is not original
+    assert TritonGDNKernel.target_verify.__wrapped__ is original  # HookRegistry wrapped SGLang's method
 
 
 def test_another_signature_is_refused_once_at_start_up(monkeypatch, caplog):
@@ -297,13 +310,14 @@ def test_another_signature_is_refused_once_at_start_up(monkeypatch, caplog):
     resolve = pkgutil.resolve_name
     owner = gdn_verify.TARGET.rpartition(".")[0]
     monkeypatch.setattr(pkgutil, "resolve_name", lambda name: Changed if name == owner else resolve(name))
+    monkeypatch.setenv(gdn_verify.ENV, "1")
     with caplog.at_level("WARNING", logger=gdn_verify.__name__):
         assert gdn_verify.register_gdn_hook() == []
     assert recorded == []
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "stays SGLang's kernel" in line and "cache_steps" in line
     monkeypatch.setattr(pkgutil, "resolve_name", lambda name: object if name == owner else resolve(name))
-    assert "not available" in gdn_verify.install_problem({})
+    assert "not available" in gdn_verify.install_problem({gdn_verify.ENV: "1"})
 
 
 @pytest.mark.parametrize(("version", "reciprocal"), [("0.5.17", False), ("0.5.21", False), ("0.5.22", True),

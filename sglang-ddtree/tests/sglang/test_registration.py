@@ -302,6 +302,7 @@ def test_a_hook_whose_target_cannot_import_is_skipped_with_one_line(monkeypatch,
 
     recorded = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, *a, **k: recorded.append(target)))
+    monkeypatch.setenv(gdn_verify.ENV, "1")  # the opt-in hook is registered with the others
     assert hooks._target_importable(hooks.CREATE_DUMMY_VERIFY_INPUT) is None
     assert hooks._target_importable(hooks.GRAPH_GET_SPEC_INFO) is None  # a method: module + class resolve
     bogus = "sglang.srt.speculative.no_such_module_here.spec_need_hidden_states"

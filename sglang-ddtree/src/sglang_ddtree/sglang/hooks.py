@@ -22,9 +22,9 @@ every other algorithm) behaves exactly as without the plugin.
   ``/get_server_info``'s ``internal_states[i]`` gain ``ddtree_budget``, the worker's budget policy and how many
   tree rounds verified each budget so far (``DDTreeWorker.ddtree_budget_state``), as SGLang's own DSpark adds its
   ``dspark_info_record`` there.
-* ``TritonGDNKernel.target_verify`` (optional: without it DDTREE is as correct and slower on hybrid targets): a
+* ``TritonGDNKernel.target_verify`` (opt-in, ``SGLANG_DDTREE_OWN_GDN=1``; DDTREE is as correct without it): a
   DDTREE tree verify of a GatedDeltaNet layer runs the plugin's kernel (``gdn_verify.py``; installed only where
-  the method's signature is the one it was written for, ``SGLANG_DDTREE_OWN_GDN=0`` keeps SGLang's).
+  the method's signature is the one it was written for).
 
 Other places that compare the literal "DFLASH" gate features DDTREE rejects at start-up or does not offer
 (unified-memory pools, replay-SSM, PD disaggregation, aux-hidden-state export, LoRA); see SGLANG.md.
