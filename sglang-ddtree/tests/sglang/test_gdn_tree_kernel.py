@@ -110,16 +110,23 @@ def run_sglang(reference, call):
         retrieve_parent_token=call["retrieve_parent_token"])
 
 
-def run_ours(call, **options):
-    from sglang_ddtree.sglang._triton_gdn import gdn_tree_verify
+def reciprocal_norm():
+    """The installed SGLang's q/k norm formula (``versions.gdn_reciprocal_norm``; the hook decides it once)."""
     from sglang_ddtree.sglang.versions import gdn_reciprocal_norm, installed_sglang_version
 
+    return gdn_reciprocal_norm(installed_sglang_version())
+
+
+def run_ours(call, **options):
+    from sglang_ddtree.sglang._triton_gdn import gdn_tree_verify
+
+    options.setdefault("reciprocal_norm", reciprocal_norm())
     return gdn_tree_verify(
         call["A_log"], call["dt_bias"], call["q"], call["k"], call["v"], call["a"], call["b"],
         initial_states=call["ssm_states"], initial_state_indices=call["cache_indices"],
         cu_seqlens=call["query_start_loc"], intermediate_states=call["intermediate_states_buffer"],
         intermediate_state_indices=call["intermediate_state_indices"], parents=call["retrieve_parent_token"],
-        reciprocal_norm=gdn_reciprocal_norm(installed_sglang_version()), **options)
+        **options)
 
 
 def with_fresh_buffers(call):
@@ -349,15 +356,25 @@ def test_the_tile_is_sglangs_launch_rule(monkeypatch):
 GPU_TREE = [0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 10, 2, 12, 3, 9, 5]
 
 
-def _cuda_time(fn, repeats=20):
+def _graph_ms(fn, repeats=50):
+    """GPU ms of one ``fn()`` replayed from a CUDA graph, as the engine runs the verify (no host time: the
+    launchers' Python, e.g. the version lookup, does not count)."""
     import torch
 
-    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiled and warm outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        fn()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats
@@ -381,8 +398,9 @@ def test_cuda_matches_sglang_at_qwen36_27b_widths_and_times_both(device, tree, b
     ours = run_ours(ours_call, block_v=block_v)
     torch.cuda.synchronize()
     detail = compare(ours, theirs, ours_call, theirs_call, pool)
-    sglang_ms = _cuda_time(lambda: run_sglang(reference, theirs_call))
-    ours_ms = _cuda_time(lambda: run_ours(ours_call, block_v=block_v))
+    norm = reciprocal_norm()
+    sglang_ms = _graph_ms(lambda: run_sglang(reference, theirs_call))
+    ours_ms = _graph_ms(lambda: run_ours(ours_call, block_v=block_v, reciprocal_norm=norm))
     print(f"\nGDN tree verify ({tree}, batch 32 x 17, HV 48, K=V 128, fp32 states, tile {block_v or 'default'}) on "
           f"{torch.cuda.get_device_name()}: SGLang {sglang_ms * 1e3:.1f} us, plugin {ours_ms * 1e3:.1f} us "
           f"({ours_ms / sglang_ms:.3f}x); {'bit for bit' if not detail else detail}")

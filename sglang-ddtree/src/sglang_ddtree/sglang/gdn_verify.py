@@ -7,11 +7,16 @@ and with SGLang's tile on a GPU); SGLang's reloads the parent's state from the i
 node, the plugin's only where the tree branches. Every other call (no tree: a chain verify, DFLASH's; another
 algorithm's tree, e.g. EAGLE's; a layout the kernel does not take) goes to SGLang's method unchanged.
 
-Opt-in (``SGLANG_DDTREE_OWN_GDN=1``): measured on an H100 (2026-12-06, Qwen3.6-27B widths, batch 32 x 17 tokens,
-fp32 states) it is bit for bit SGLang's but not faster. In a 20-layer hybrid-shape engine its kernel took 10.54 ms of
-GPU time a step against 9.49 ms for DFLASH's chain verify in SGLang's kernel (16 tokens a request against 17). In
-the stand-alone comparison (``tests/sglang/test_gdn_tree_kernel.py -k cuda``) it took 1.1-2.1 ms a call against
-SGLang's 0.66-0.87 ms. So SGLang's kernel stays the default until a measurement says otherwise.
+Opt-in (``SGLANG_DDTREE_OWN_GDN=1``), as it has not been shown faster yet. H100, 2026-12-06, Qwen3.6-27B widths,
+fp32 states: bit for bit SGLang's on the GPU (batch 32 x 17 tokens). In a 20-layer hybrid-shape engine at batch 32
+(CUDA graphs) its kernel took 10.54 ms of GPU time a step. For comparison:
+- DFLASH's chain verify in SGLang's kernel took 9.49 ms (16 tokens a request against 17);
+- SGLang's kernel in tree mode took 10.70 ms in an earlier run on an H100 (12-06b), in another engine start;
+- DDTREE's step was 1.054x DFLASH's, against 1.051x then.
+The stand-alone timing of that run (1.1-2.1 ms a call against SGLang's 0.66-0.87 ms) launched both kernels eagerly.
+The plugin's launcher looked up SGLang's version on every call, so that timing was most likely host time, not GPU
+time. The test now replays CUDA graphs. The deciding measurement is the same engine with and without the opt-in
+(``step_cost.py --ab own-gdn:SGLANG_DDTREE_OWN_GDN=1``).
 
 Installed once at start-up by ``hooks.register_hooks`` (``register_gdn_hook``) when opted in, and only when the
 installed SGLang's method has exactly the signature this hook was written against (SGLang 0.5.17 to 0.5.23 all have
