@@ -85,8 +85,13 @@ step() {  # name command...: run unless done, skipped, or out of time
   echo "== $name ($budget s left)"
   local t
   t=$(date +%s)
-  timeout "$budget" "$@"
+  # timeout runs the step in a process group of its own; whatever is left in it afterwards (an SGLang engine that
+  # outlived TERM held the call's output open past the call's limit on 12-06c) is killed
+  timeout --kill-after=15 "$budget" "$@" &
+  local pid=$!
+  wait "$pid"
   local rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null
   echo "== $name: rc=$rc after $(($(date +%s) - t)) s"
   if [ $rc -eq 0 ]; then touch "$STATE/done-$name"; fi
   return $rc
