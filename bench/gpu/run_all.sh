@@ -85,13 +85,14 @@ step() {  # name command...: run unless done, skipped, or out of time
   echo "== $name ($budget s left)"
   local t
   t=$(date +%s)
-  # timeout runs the step in a process group of its own; whatever is left in it afterwards (an SGLang engine that
-  # outlived TERM held the call's output open past the call's limit on 12-06c) is killed
+  # timeout runs the step in a process group of its own; when it times out, whatever is left in that group (an
+  # SGLang engine that outlived TERM held the call's output open past the call's limit on 12-06c) is killed. A step
+  # that ends by itself keeps what it started (train-start's training, in a session of its own).
   timeout --kill-after=15 "$budget" "$@" &
   local pid=$!
   wait "$pid"
   local rc=$?
-  kill -KILL -- "-$pid" 2>/dev/null
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then kill -KILL -- "-$pid" 2>/dev/null; fi
   echo "== $name: rc=$rc after $(($(date +%s) - t)) s"
   if [ $rc -eq 0 ]; then touch "$STATE/done-$name"; fi
   return $rc
