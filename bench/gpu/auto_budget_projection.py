@@ -118,7 +118,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def last_expected_mean(path: Path | None) -> tuple[dict[str, float] | None, dict[str, dict[str, float]] | None]:
+def last_expectations(path: Path | None) -> tuple[dict[str, float] | None, dict[str, dict[str, float]] | None]:
     """The auto stats file's last ``expected_mean`` and ``expected_mean_by_kind`` (None where absent)."""
     if path is None or not path.exists():
         return None, None
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tau_rows = json.loads(args.tau.read_text())["rows"]
     cost_rows = [r for f in args.step_cost for r in json.loads(f.read_text())["rows"]]
-    rows = project(tau_rows, cost_rows, *last_expected_mean(args.auto_stats))
+    rows = project(tau_rows, cost_rows, *last_expectations(args.auto_stats))
     text = markdown(rows)
     print(text)
     if args.out:

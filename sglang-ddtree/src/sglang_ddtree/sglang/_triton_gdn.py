@@ -47,10 +47,6 @@ import triton.language as tl
 __all__ = ["default_block_v", "gdn_tree_verify"]
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 @functools.lru_cache(maxsize=16)
 def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" and torch.version.cuda else None
@@ -64,7 +60,7 @@ def default_block_v(k_dim: int, v_dim: int, requests: int, device: torch.device)
     over K in the same order (the Triton layouts of both tiles, checked for sm_90)."""
     if k_dim == 128 and v_dim == 128 and 0 < requests <= 64 and (_capability(device) or (0,))[0] == 9:
         return 4
-    return min(_next_pow2(v_dim), 32)
+    return min(triton.next_power_of_2(v_dim), 32)
 
 
 @triton.jit
@@ -204,7 +200,7 @@ def gdn_tree_verify(
     requests = cu_seqlens.numel() - 1
     if requests <= 0 or q.shape[-3] == 0:
         return out
-    bk = _next_pow2(k_dim)
+    bk = triton.next_power_of_2(k_dim)
     bv = int(block_v) if block_v else default_block_v(k_dim, v_dim, requests, q.device)
     if scale is None:
         scale = k_dim**-0.5

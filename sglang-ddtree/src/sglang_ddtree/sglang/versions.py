@@ -52,6 +52,11 @@ def parse_release(version: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(1).split("."))
 
 
+def _patch_key(release: tuple[int, ...]) -> tuple[int, ...]:
+    """(major, minor, patch) of a parsed release: a post/dev suffix of a patch release is that release."""
+    return ((*release, 0, 0, 0))[:3]
+
+
 def supported_range_text() -> str:
     return f"{MIN_SGLANG} to {MAX_SGLANG} (inclusive)"
 
@@ -65,8 +70,7 @@ def unsupported_reason(version: str | None) -> str | None:
         return f"cannot read the sglang version {version!r}"
     low, high = parse_release(MIN_SGLANG), parse_release(MAX_SGLANG)
     assert low is not None and high is not None
-    # Compare on (major, minor, patch): a post/dev suffix of a supported patch release is that release.
-    key = ((*release, 0, 0, 0))[:3]
+    key = _patch_key(release)
     if key < low:
         return (
             f"sglang {version} is older than {MIN_SGLANG} (no DFlashWorkerV2 or no plugin algorithm registry); "
@@ -116,4 +120,4 @@ def gdn_reciprocal_norm(version: str | None) -> bool:
     """Whether SGLang ``version``'s GatedDeltaNet recurrent kernel L2-normalises q and k by multiplying with the
     reciprocal root (0.5.22 and later) rather than dividing by the root (0.5.17 to 0.5.21)."""
     release = parse_release(version or "")
-    return release is not None and ((*release, 0, 0, 0))[:3] >= (0, 5, 22)
+    return release is not None and _patch_key(release) >= (0, 5, 22)
