@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -133,6 +137,19 @@ def chi2_test(counts: dict, probs: dict, min_expected: float = 5.0) -> float:
         stat += (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-12)
         dof += 1
     return chi2_sf(stat, max(dof, 1))
+
+
+def run_interpreted(script: Path, *paths: Path) -> dict[str, dict]:
+    """Run ``script`` in Triton's CPU interpreter, in a subprocess (TRITON_INTERPRET must be set before Triton is
+    imported), with the package's src and ``paths`` first on PYTHONPATH; the JSON lines it prints, by ``case``."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *(str(p) for p in paths), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["case"]: r for r in rows}
 
 
 def run_ranks(rank_main, world: int, tmp_path, case: dict, timeout: float) -> list[dict]:

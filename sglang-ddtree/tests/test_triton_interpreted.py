@@ -3,14 +3,10 @@ checked without a GPU. On CUDA the compiled kernels are tested by every test tha
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from ddtree_testlib import ddtree_device
+from ddtree_testlib import ddtree_device, run_interpreted
 
 pytest.importorskip("triton")
 
@@ -23,20 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    src = str(HERE.parent / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, str(HERE), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "triton_interpreted_check.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {r["case"]: r for r in rows}
+    return run_interpreted(HERE / "triton_interpreted_check.py", HERE)
 
 
 CASES = [

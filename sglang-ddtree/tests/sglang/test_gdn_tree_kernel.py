@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -167,12 +165,10 @@ def interpreted_cases():
     # the hook end to end: SGLang's own target_verify (the original) against the hooked call of a DDTREE tree
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 
-    from sglang_ddtree.sglang.versions import gdn_reciprocal_norm, installed_sglang_version
-
     gdn_verify.DEVICES.add("cpu")
     gdn_verify._ddtree_here = True
     original = getattr(TritonGDNKernel.target_verify, "__wrapped__", TritonGDNKernel.target_verify)
-    hook = gdn_verify.make_hook(gdn_reciprocal_norm(installed_sglang_version()))
+    hook = gdn_verify.make_hook(reciprocal_norm())
     call = make_inputs(2, 4, 16, 16, "bfloat16", "float32", (9, 5), seed=1)
     pool = call["ssm_states"].clone()
     theirs_call, ours_call = with_fresh_buffers(call), with_fresh_buffers(call)
@@ -185,13 +181,9 @@ def interpreted_cases():
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1] / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {r["case"]: r["detail"] for r in rows}
+    from ddtree_testlib import run_interpreted
+
+    return {case: row["detail"] for case, row in run_interpreted(Path(__file__)).items()}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES] + ["hook"])
