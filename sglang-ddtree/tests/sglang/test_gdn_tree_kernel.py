@@ -197,27 +197,26 @@ def record_replay_case(heads, v_heads, k_dim, v_dim, act, lens, strided=False, l
 
     reference = sglang_reference()
     calls = [make_inputs(heads, v_heads, k_dim, v_dim, act, "float32", lens, seed=layer, strided=strided)
-             for layer in range(layers)]
+             for layer in range(layers)]  # request i's intermediate row: i + 1 (-1: a padded request)
     n = len(lens)
-    for call in calls:  # the commit's convention: request i's intermediate row is row i (a -1 stays a padding)
-        rows_of = torch.arange(n, dtype=torch.int64)
-        rows_of[call["intermediate_state_indices"] < 0] = -1
-        call["intermediate_state_indices"] = rows_of
     noise = torch.stack([c["intermediate_states_buffer"] for c in calls])
     inter = noise.clone()
     records = torch.zeros((*inter.shape[:-2], record_width(k_dim, v_dim)))
     meta = torch.zeros((*inter.shape[:-4], 2), dtype=torch.int32)
+    rows = torch.full((n + 1,), 7, dtype=torch.int32)
     problems, stored = [], []
     for layer, call in enumerate(calls):
         theirs_call = with_fresh_buffers(call)
         theirs = run_sglang(reference, theirs_call)
         stored.append(theirs_call["intermediate_states_buffer"])
         ours = run_ours(dict(call, intermediate_states_buffer=inter[layer]), records=records[layer],
-                        record_meta=meta[layer])
+                        record_meta=meta[layer], record_rows=rows)
         if not torch.equal(ours, theirs):
             problems.append(f"layer {layer}: outputs differ (max {(ours - theirs).float().abs().max().item():.3g})")
     if not torch.equal(inter, noise):
         problems.append("the record mode stored states")
+    if rows[:n].tolist() != calls[0]["intermediate_state_indices"].tolist():
+        problems.append(f"rows {rows.tolist()} recorded for {calls[0]['intermediate_state_indices'].tolist()}")
     # accepted paths: the last node of each tree (behind its branches), the middle of the path tracked
     parents = calls[0]["retrieve_parent_token"]
     paths = [tree_path(parents[i].tolist(), lens[i] - 1) for i in range(n)]
@@ -232,14 +231,14 @@ def record_replay_case(heads, v_heads, k_dim, v_dim, act, lens, strided=False, l
         last[-1] = -1  # a request without a commit (SGLang's scatter skips a step < 0)
     states = torch.stack([c["ssm_states"] for c in calls])
     before = states.clone()
-    gdn_tree_replay(records, meta, states, inter, accept, path_len, last, track)
+    gdn_tree_replay(records, meta, rows, states, inter, accept, path_len, last, track)
     expected = noise.clone()
     for layer, call in enumerate(calls):
-        for i in range(n):
-            if call["intermediate_state_indices"][i] < 0 or last[i] < 0:
+        for i, row in enumerate(call["intermediate_state_indices"].tolist()):
+            if row < 0 or last[i] < 0:
                 continue
             for node in {int(last[i]), int(track[i])} - {-1}:
-                expected[layer, i, node] = stored[layer][i, node]
+                expected[layer, row, node] = stored[layer][row, node]
     if not torch.equal(inter, expected):
         bad = (inter != expected).reshape(*inter.shape[:3], -1).any(-1).nonzero().tolist()
         problems.append(f"replayed states differ at (layer, row, node) {bad[:6]}")
@@ -266,8 +265,7 @@ def hook_replay_case():
     states = torch.stack([c["ssm_states"] for c in calls])
     inter = torch.stack([c["intermediate_states_buffer"] for c in calls])
     noise, problems, stored = inter.clone(), [], []
-    for layer, call in enumerate(calls):
-        call["intermediate_state_indices"] = torch.arange(len(lens))
+    for layer, call in enumerate(calls):  # request i's intermediate row: i + 1
         theirs_call = with_fresh_buffers(call)
         theirs = original(TritonGDNKernel(), **theirs_call)
         stored.append(theirs_call["intermediate_states_buffer"])
@@ -285,7 +283,7 @@ def hook_replay_case():
     for layer in range(3):
         for i, nodes in enumerate(({7, paths[0][1]}, {6})):
             for node in nodes:
-                expected[layer, i, node] = stored[layer][i, node]
+                expected[layer, i + 1, node] = stored[layer][i + 1, node]
     if launches != 2 or not torch.equal(inter, expected):
         bad = (inter != expected).reshape(*inter.shape[:3], -1).any(-1).nonzero().tolist()
         problems.append(f"{launches} launches; states SGLang's commit reads differ at (layer, row, node) {bad[:6]}")
@@ -461,11 +459,13 @@ def test_records_are_per_pool_and_per_layer_view():
 
     records = gdn_verify.ReplayRecords()
     inter, states = torch.zeros(3, 4, 5, 2, 8, 6), torch.zeros(3, 7, 2, 8, 6)  # [L, rows, steps, HV, V, K]
-    rec1, meta1 = records.for_layer(inter[1], states[1])
+    rec1, meta1, rows = records.for_layer(inter[1], states[1])
     group = records.groups[inter.data_ptr()]
     assert group["records"].shape == (3, 4, 5, 2, 6 + 8 + 2) and group["meta"].shape == (3, 4, 2)
     assert rec1.data_ptr() == group["records"][1].data_ptr() and meta1.data_ptr() == group["meta"][1].data_ptr()
-    rec2, _meta2 = records.for_layer(inter[2], states[2])
+    assert rows.shape == (4,) and rows.dtype == torch.int32
+    rec2, _meta2, rows2 = records.for_layer(inter[2], states[2])
+    assert rows2 is rows  # one row table for every layer of a pool
     assert rec2.data_ptr() == group["records"][2].data_ptr() and len(records.groups) == 1
     group["meta"].fill_(3)
     records.invalidate()
@@ -496,6 +496,7 @@ def test_the_record_mode_routes_ddtree_trees_and_invalidates_when_sglang_stores(
     assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "ours"
     meta = gdn_verify.RECORDS.groups[inter.data_ptr()]["meta"]
     assert ours[0]["record_meta"].data_ptr() == meta[1].data_ptr() and ours[0]["records"].shape == (3, 17, 4, 34)
+    assert ours[0]["record_rows"].shape == (3,)
     meta.fill_(1)  # as the kernel leaves it
     monkeypatch.setattr(gdn_verify, "_ddtree_here", False)  # a tree SGLang's kernel stores: nothing to replay
     assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "sglang"
@@ -625,13 +626,14 @@ def test_cuda_record_mode_and_replay_match_sglang_at_qwen36_27b_widths_and_time_
     records = torch.empty((*inter.shape[:-2], record_width(128, 128)), device=device)
     meta = torch.zeros((*inter.shape[:-4], 2), dtype=torch.int32, device=device)
     record_call = dict(call, intermediate_states_buffer=inter[0])
-    ours = run_ours(record_call, records=records[0], record_meta=meta[0])
+    rows = torch.full((32,), -1, dtype=torch.int32, device=device)
+    ours = run_ours(record_call, records=records[0], record_meta=meta[0], record_rows=rows)
     path = torch.tensor(tree_path(parents, 16), device=device)
     accept = path.expand(32, -1).contiguous()
     path_len = torch.full((32,), path.numel() - 1, device=device)
     last = torch.full((32,), 16, device=device)
     track = torch.where(torch.arange(32, device=device) % 2 == 0, path[path.numel() // 2], -1)
-    gdn_tree_replay(records, meta, call["ssm_states"].unsqueeze(0), inter, accept, path_len, last, track)
+    gdn_tree_replay(records, meta, rows, call["ssm_states"].unsqueeze(0), inter, accept, path_len, last, track)
     torch.cuda.synchronize()
     expected = noise.clone()
     expected[0, :, 16] = theirs_call["intermediate_states_buffer"][:32, 16]
@@ -645,9 +647,10 @@ def test_cuda_record_mode_and_replay_match_sglang_at_qwen36_27b_widths_and_time_
     store_call = with_fresh_buffers(call)
     sglang_ms = _graph_ms(lambda: run_sglang(reference, theirs_call))
     store_ms = _graph_ms(lambda: run_ours(store_call, reciprocal_norm=norm))
-    record_ms = _graph_ms(lambda: run_ours(record_call, records=records[0], record_meta=meta[0], reciprocal_norm=norm))
-    replay_ms = _graph_ms(lambda: gdn_tree_replay(records, meta, call["ssm_states"].unsqueeze(0), inter, accept,
-                                                  path_len, last, track))
+    record_ms = _graph_ms(lambda: run_ours(record_call, records=records[0], record_meta=meta[0], record_rows=rows,
+                                           reciprocal_norm=norm))
+    replay_ms = _graph_ms(lambda: gdn_tree_replay(records, meta, rows, call["ssm_states"].unsqueeze(0), inter,
+                                                  accept, path_len, last, track))
     print(f"\nGDN tree verify ({tree}, batch 32 x 17, HV 48, K=V 128, fp32 states) on {torch.cuda.get_device_name()}: "
           f"SGLang {sglang_ms * 1e3:.1f} us, plugin store {store_ms * 1e3:.1f} us, record {record_ms * 1e3:.1f} us "
           f"+ replay {replay_ms * 1e3:.1f} us ({(record_ms + replay_ms) / sglang_ms:.3f}x SGLang's); "

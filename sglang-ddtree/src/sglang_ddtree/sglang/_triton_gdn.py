@@ -122,6 +122,7 @@ def _tree_gated_delta_kernel(
     o_ptr,  # [1, T, HV, V] contiguous
     rec_ptr,  # RECORD: [slots', steps, HV, K + V + 2] fp32 contiguous (else unused)
     meta_ptr,  # RECORD: [slots', 2] int32 (else unused)
+    row_of_ptr,  # RECORD: [>= N] int32, each request's intermediate row (else unused)
     scale,
     softplus_beta,
     softplus_threshold,
@@ -171,9 +172,11 @@ def _tree_gated_delta_kernel(
     bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     parent_row = parent_ptr + req * sp_n
     if RECORD:
-        if slot >= 0 and col == 0 and hv == 0:  # this row's records are this step's; its state came from slot0
-            tl.store(meta_ptr + slot * 2, 1)
-            tl.store(meta_ptr + slot * 2 + 1, slot0.to(tl.int32))
+        if col == 0 and hv == 0:
+            tl.store(row_of_ptr + req, slot.to(tl.int32))
+            if slot >= 0:  # this row's records are this step's; its state came from slot0
+                tl.store(meta_ptr + slot * 2, 1)
+                tl.store(meta_ptr + slot * 2 + 1, slot0.to(tl.int32))
 
     for t in range(0, count):
         if t > 0 and slot >= 0:
@@ -224,6 +227,7 @@ def _tree_gated_delta_kernel(
 def _replay_kernel(
     rec_ptr,  # [L, rows, steps, HV, K + V + 2] fp32 contiguous
     meta_ptr,  # [L, rows, 2] int32 contiguous
+    row_of_ptr,  # [N] int32: each request's intermediate row in the verify (-1: none)
     h0_ptr,  # [L, slots, HV, V, K]
     buf_ptr,  # [L, rows, steps, HV, V, K]
     path_ptr,  # [N, depth]
@@ -242,14 +246,15 @@ def _replay_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):
-    # Program (value tile, value head, layer x request); request i's records and intermediate row are row i.
+    # Program (value tile, value head, layer x request); the request's records and states are at its verify's row.
     col = tl.program_id(0)
     hv = tl.program_id(1)
     req = tl.program_id(2) % requests
     layer = (tl.program_id(2) // requests).to(tl.int64)
-    meta = meta_ptr + (layer * rows + req) * 2
+    row = tl.load(row_of_ptr + req).to(tl.int64)
+    meta = meta_ptr + (layer * rows + row) * 2
     last = tl.load(last_ptr + req).to(tl.int32)
-    if tl.load(meta) != 0 and last >= 0:
+    if row >= 0 and last >= 0 and tl.load(meta, mask=row >= 0, other=0) != 0:
         ks = tl.arange(0, BK)
         vs = col * BV + tl.arange(0, BV)
         k_in = ks < K
@@ -260,11 +265,11 @@ def _replay_kernel(
         state = tl.zeros([BK, BV], dtype=tl.float32) + tl.load(
             h0_tile, mask=tile_in & (slot0 >= 0), other=0.0).to(tl.float32)
         track = tl.load(track_ptr + req).to(tl.int32)
-        buf_tile = buf_ptr + layer * sc_l + req * sc_n + hv * sc_h + vs[None, :] * sc_v + ks[:, None] * sc_k
+        buf_tile = buf_ptr + layer * sc_l + row * sc_n + hv * sc_h + vs[None, :] * sc_v + ks[:, None] * sc_k
         depth = tl.load(len_ptr + req).to(tl.int32)
         for p in range(0, depth + 1):
             node = tl.load(path_ptr + req * sp_n + p * sp_d).to(tl.int32)
-            rec = rec_ptr + (((layer * rows + req) * steps + node) * HV + hv) * (K + V + 2)
+            rec = rec_ptr + (((layer * rows + row) * steps + node) * HV + hv) * (K + V + 2)
             k = tl.load(rec + ks, mask=k_in, other=0.0)
             v = tl.load(rec + K + vs, mask=v_in, other=0.0)
             state = _delta_step(state, k, v, tl.load(rec + K + V), tl.load(rec + K + V + 1))
@@ -295,15 +300,17 @@ def gdn_tree_verify(
     num_warps: int = 1,
     records: torch.Tensor | None = None,
     record_meta: torch.Tensor | None = None,
+    record_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The tree's outputs ``[1, T, HV, V]`` (``v``'s shape, ``q``'s dtype); every node's state is stored into
     ``intermediate_states`` (module docstring: semantics and shapes). No host synchronisation: one launch of
     (value tiles, HV, N) programs.
 
-    With ``records`` (``[rows, steps, HV, K + V + 2]`` fp32, contiguous) and ``record_meta`` (``[rows, 2]`` int32):
-    the record mode. No state is stored; each node's inputs to the state update (normalised k, v, g, beta) go to
-    ``records[intermediate_state_indices[n], node, hv]`` and ``record_meta[row]`` becomes ``(1, the request's
-    initial-state slot)``, for :func:`gdn_tree_replay` to rebuild the states the commit needs. A branch back up the
+    With ``records`` (``[rows, steps, HV, K + V + 2]`` fp32, contiguous), ``record_meta`` (``[rows, 2]`` int32) and
+    ``record_rows`` (``[>= N]`` int32): the record mode. No state is stored; each node's inputs to the state update
+    (normalised k, v, g, beta) go to ``records[row, node, hv]`` (``row = intermediate_state_indices[n]``, which
+    ``record_rows[n]`` receives), and ``record_meta[row]`` becomes ``(1, the request's initial-state slot)``, for
+    :func:`gdn_tree_replay` to rebuild the states the commit needs. A branch back up the
     tree recomputes the parent's state from the initial state along its ancestors (the same code as the first
     computation, so the same bits). Outputs are those of the store mode. Needs an fp32 ``intermediate_states``."""
     heads, k_dim = k.shape[-2], k.shape[-1]
@@ -324,6 +331,8 @@ def gdn_tree_verify(
     record = records is not None
     if record:
         problem = record_layout_problem(records, record_meta, intermediate_states, k_dim, v_dim)
+        if not problem and (record_rows is None or record_rows.dtype != torch.int32 or record_rows.numel() < requests):
+            problem = f"record_rows: int32 with at least {requests} entries expected"
         if problem:
             raise ValueError(f"record mode: {problem}")
     grid = (triton.cdiv(v_dim, bv), v_heads, requests)
@@ -332,7 +341,7 @@ def gdn_tree_verify(
         initial_states, initial_state_indices,
         intermediate_states, intermediate_state_indices,
         parents, cu_seqlens, out,
-        records if record else out, record_meta if record else cu_seqlens,
+        records if record else out, record_meta if record else cu_seqlens, record_rows if record else cu_seqlens,
         float(scale), float(softplus_beta), float(softplus_threshold),
         q.stride(-3), q.stride(-2), q.stride(-1),
         k.stride(-3), k.stride(-2), k.stride(-1),
@@ -378,6 +387,7 @@ def record_layout_problem(records: torch.Tensor, meta: torch.Tensor | None, inte
 def gdn_tree_replay(
     records: torch.Tensor,
     record_meta: torch.Tensor,
+    record_rows: torch.Tensor,
     states: torch.Tensor,
     intermediate: torch.Tensor,
     path: torch.Tensor,
@@ -389,9 +399,10 @@ def gdn_tree_replay(
     num_warps: int = 1,
 ) -> None:
     """After a record-mode verify (:func:`gdn_tree_verify` with ``records``) of every layer: rebuild, for each
-    layer ``l`` and request ``n`` whose ``record_meta[l, n]`` is set and ``last[n] >= 0``, the states along its
-    accepted path and store the state after node ``last[n]`` (and after node ``track[n]``, if on the path) at
-    ``intermediate[l, n, node]``, exactly where the store mode would have put them, so that SGLang's own commit
+    layer ``l`` and request ``n`` whose row ``r = record_rows[n]`` (the verify's) is >= 0 with ``record_meta[l, r]``
+    set, and ``last[n] >= 0``, the states along its accepted path and store the state after node ``last[n]`` (and
+    after node ``track[n]``, if on the path) at ``intermediate[l, r, node]``, exactly where the store mode would
+    have put them, so that SGLang's own commit
     (``update_mamba_state_after_mtp_verify``) then reads the same bits. One launch, no host synchronisation.
 
     ``records`` [L, rows, steps, HV, K + V + 2] and ``record_meta`` [L, rows, 2] (the verify's, per layer);
@@ -408,12 +419,13 @@ def gdn_tree_replay(
     requests = last.numel()
     if requests == 0 or layers == 0:
         return
-    if requests > rows:
-        raise ValueError(f"{requests} requests for {rows} intermediate rows")
+    if record_rows.dtype != torch.int32 or record_rows.numel() < requests:
+        raise ValueError(f"record_rows: int32 with at least {requests} entries expected")
     bv = int(block_v) if block_v else default_block_v(k_dim, v_dim, requests, intermediate.device)
     grid = (triton.cdiv(v_dim, bv), v_heads, layers * requests)
     _replay_kernel[grid](
-        records, record_meta, states, intermediate, path, path_len, last, last if track is None else track,
+        records, record_meta, record_rows, states, intermediate, path, path_len, last,
+        last if track is None else track,
         requests, rows, steps,
         *states.stride(), *intermediate.stride(), path.stride(0), path.stride(1),
         HV=v_heads, K=k_dim, V=v_dim, BK=triton.next_power_of_2(k_dim), BV=bv,

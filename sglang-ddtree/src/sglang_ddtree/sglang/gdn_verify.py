@@ -99,8 +99,8 @@ class ReplayRecords:
         self.groups: dict[int, dict[str, Any]] = {}  # intermediate pool's data_ptr -> its tensors
         self.layers: dict[tuple[int, int], tuple[dict[str, Any], int] | None] = {}  # (view ptrs) -> (group, l)
 
-    def for_layer(self, intermediate: Any, states: Any) -> tuple[Any, Any] | None:
-        """(records[l], meta[l]) for this layer's verify, or None when its buffers are not layer views of one
+    def for_layer(self, intermediate: Any, states: Any) -> tuple[Any, Any, Any] | None:
+        """(records[l], meta[l], rows) for this layer's verify, or None when its buffers are not layer views of one
         fp32 intermediate pool and one state pool (or when a first allocation would fall in a graph capture)."""
         import torch
 
@@ -118,17 +118,24 @@ class ReplayRecords:
                     return None
                 from ._triton_gdn import record_width
 
-                group = {"pool": pool, "states": state_pool, "meta": torch.zeros(
-                    (*pool.shape[:2], 2), dtype=torch.int32, device=pool.device), "records": torch.empty(
-                    (*pool.shape[:4], record_width(pool.shape[-1], pool.shape[-2])), dtype=torch.float32,
-                    device=pool.device)}
+                try:
+                    group = {"pool": pool, "states": state_pool, "meta": torch.zeros(
+                        (*pool.shape[:2], 2), dtype=torch.int32, device=pool.device), "records": torch.empty(
+                        (*pool.shape[:4], record_width(pool.shape[-1], pool.shape[-2])), dtype=torch.float32,
+                        device=pool.device), "rows": torch.full(
+                        (pool.shape[1],), -1, dtype=torch.int32, device=pool.device)}
+                except torch.cuda.OutOfMemoryError:
+                    logger.warning("DDTREE GatedDeltaNet record mode: no GPU memory for its records (%s of the "
+                                   "intermediate pool's): SGLang's kernel", "1.6%")
+                    self.layers[key] = None
+                    return None
                 self.groups[pool.data_ptr()] = group
             self.layers[key] = (group, layer)
         found = self.layers[key]
         if found is None:
             return None
         group, layer = found
-        return group["records"][layer], group["meta"][layer]
+        return group["records"][layer], group["meta"][layer], group["rows"]
 
     def invalidate(self) -> None:
         """Forget every recorded row (SGLang's kernel stored this step's states: the commit must not replay)."""
@@ -148,7 +155,8 @@ def replay_before_commit(path: Any, path_len: Any, last: Any, track: Any = None)
     for group in RECORDS.groups.values():
         from ._triton_gdn import gdn_tree_replay
 
-        gdn_tree_replay(group["records"], group["meta"], group["states"], group["pool"], path, path_len, last, track)
+        gdn_tree_replay(group["records"], group["meta"], group["rows"], group["states"], group["pool"], path, path_len,
+                        last, track)
         group["meta"].zero_()
         launches += 2
     return launches
@@ -249,7 +257,7 @@ def make_hook(reciprocal_norm: bool, replay: bool = False) -> Callable[..., Any]
             announced.append(True)
             logger.info("DDTREE GatedDeltaNet tree verify: the plugin's kernel, %s mode (%s=0 keeps SGLang's)",
                         "record" if replay else "store", ENV)
-        extra = {} if recorded is None else {"records": recorded[0], "record_meta": recorded[1]}
+        extra = {} if recorded is None else dict(zip(("records", "record_meta", "record_rows"), recorded, strict=True))
         return gdn_tree_verify(
             call["A_log"], call["dt_bias"], call["q"], call["k"], call["v"], call["a"], call["b"],
             initial_states=call["ssm_states"], initial_state_indices=call["cache_indices"],
