@@ -203,3 +203,20 @@ def assert_ranks_build_the_full_tree(trees: list[dict], full, structure: tuple[s
         valid = torch.isfinite(full.scores)
         assert torch.equal(torch.isfinite(got["scores"]), valid)
         assert torch.allclose(got["scores"][valid], full.scores[valid], rtol=0, atol=1e-5)
+
+
+def compile_for_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num_warps: int = 1) -> str:
+    """Compile a ``@triton.jit`` kernel for sm_90 on this machine (no GPU needed) and return its PTX: what Triton's
+    CPU interpreter never checks (the compiled language's typing and control flow). ``types``: a Triton type per
+    runtime parameter ("*fp32", "i64", ...), parameters not named default to "i64"; ``constexprs``: the values."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i64") for n in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]

@@ -442,6 +442,32 @@ def test_another_signature_is_refused_once_at_start_up(monkeypatch, caplog):
     assert "not available" in gdn_verify.install_problem({gdn_verify.ENV: "1"})
 
 
+@pytest.mark.parametrize("record", [False, True], ids=["store", "record"])
+def test_the_kernels_compile_for_hopper(record):
+    """Compiled for sm_90 on this machine (no GPU): the interpreted tests above never type-check the compiled
+    language (its control flow in particular: the record mode's ancestor walk is a while loop in a branch)."""
+    from ddtree_testlib import compile_for_sm90
+
+    from sglang_ddtree.sglang import _triton_gdn
+
+    ptx = compile_for_sm90(_triton_gdn._tree_gated_delta_kernel, {
+        **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")},
+        **{n: "*fp32" for n in ("a_log_ptr", "dt_bias_ptr", "h0_ptr", "buf_ptr", "rec_ptr")},
+        **{n: "*i64" for n in ("h0_idx_ptr", "buf_idx_ptr")},
+        **{n: "*i32" for n in ("parent_ptr", "cu_ptr", "meta_ptr", "row_of_ptr")},
+        **{n: "fp32" for n in ("scale", "softplus_beta", "softplus_threshold")},
+    }, {"H": 16, "HV": 48, "K": 128, "V": 128, "BK": 128, "BV": 4, "RECIPROCAL_NORM": False,
+        "ROUND_KEPT_STATE": False, "RECORD": record})
+    assert ".entry _tree_gated_delta_kernel" in ptx
+    if record:
+        replay = compile_for_sm90(_triton_gdn._replay_kernel, {
+            **{n: "*fp32" for n in ("rec_ptr", "h0_ptr", "buf_ptr")},
+            **{n: "*i32" for n in ("meta_ptr", "row_of_ptr")},
+            **{n: "*i64" for n in ("path_ptr", "len_ptr", "last_ptr", "track_ptr")},
+        }, {"HV": 48, "K": 128, "V": 128, "BK": 128, "BV": 4})
+        assert ".entry _replay_kernel" in replay
+
+
 @pytest.mark.parametrize(("value", "expected"), [("replay", "replay"), (" Replay ", "replay"), ("1", "store"),
                                                  ("plugin", "store"), ("on", "store"), ("", "sglang"),
                                                  ("0", "sglang"), ("record", "sglang")])

@@ -254,7 +254,8 @@ def _replay_kernel(
     row = tl.load(row_of_ptr + req).to(tl.int64)
     meta = meta_ptr + (layer * rows + row) * 2
     last = tl.load(last_ptr + req).to(tl.int32)
-    if row >= 0 and last >= 0 and tl.load(meta, mask=row >= 0, other=0) != 0:
+    recorded = tl.load(meta, mask=row >= 0, other=0) != 0  # (compiled Triton takes no chained and/or)
+    if (row >= 0) & (last >= 0) & recorded:
         ks = tl.arange(0, BK)
         vs = col * BV + tl.arange(0, BV)
         k_in = ks < K
