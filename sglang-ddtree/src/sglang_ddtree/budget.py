@@ -465,7 +465,10 @@ class OnlineStepCost:
       steps of each other, under the same load (context length, temperature mix, what else the host runs), so their
       relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off slow
       step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05, never sets
-      it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``);
+      it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``). A sweep costs
+      throughput (at batch 32 the widest tree's step is 2.5x the best one's): when a refresh finds every ratio within
+      a factor ``stable`` of where it was, the bucket's next refresh comes twice as many steps later (up to
+      ``max_refresh_steps``), and one that moved anything brings the interval back to ``refresh_steps``;
     * the **level** follows every other step: whatever the choice issues, its measured duration over its ratio moves
       the level by ``alpha`` (the log residual clipped to a factor ``clip``). When every step gets slower (longer
       contexts, temperature-1 batches after greedy ones) the level moves and every candidate's cost with it.
@@ -482,6 +485,12 @@ class OnlineStepCost:
     first), or ``settle_steps`` of the bucket's steps after it, with what arrived; a later sample of it counts for
     the level. Plain Python floats and lists on the host (a few hundred numbers; about 10 us a step, no tensor op).
 
+    The choice maximises the long-run rate, total committed tokens over total time, not each step's own rate: a
+    step's expected tokens minus ``rate`` times its cost (Dinkelbach's rule for a ratio of sums), where ``rate`` is
+    the bucket's running rate of the steps chosen so far (weight ``rate_alpha``; each step's own rate until there
+    is one). On a step whose expectations are low a slightly cheaper candidate then wins less often than by the
+    per-step ratio, which would trade tokens on good steps for time on poor ones.
+
     :meth:`choose` is a function of these tables, the batch size and the expectations only (under tensor
     parallelism every rank runs it, so that the sweeps stay in step, and the first rank's choice is broadcast:
     ``sglang/auto_budget.py``).
@@ -489,7 +498,8 @@ class OnlineStepCost:
     Fields: candidates (as :func:`parse_budget_option` returns them, the chain first); alpha in (0, 1]: the level's
     weight of a new step; min_samples >= 1 and refresh_burst >= 1: consecutive steps per candidate in the first and
     in later sweeps; refresh_steps >= 1: the bucket's steps from one sweep's start to the next; drift > 1 and
-    min_gap >= 1: an earlier sweep when the level moved (see above); unsampled_per_burst
+    min_gap >= 1: an earlier sweep when the level moved (see above); max_refresh_steps >= refresh_steps and stable
+    > 1: the refresh back-off; rate_alpha in (0, 1]: the running rate's weight of a step; unsampled_per_burst
     >= 0: steps of a burst that give no sample (1 for the period clock, which prices a round only after another of
     the same candidate), below both bursts; num_buckets >= 1; clip > 1; ratio_alpha in (0, 1]; settle_steps >= 1.
     """
@@ -500,12 +510,15 @@ class OnlineStepCost:
     refresh_steps: int = 256
     num_buckets: int = 12
     clip: float = 2.0
-    refresh_burst: int = 2
+    refresh_burst: int = 3
     unsampled_per_burst: int = 0
     ratio_alpha: float = 0.5
     settle_steps: int = 4
     drift: float = 1.25
     min_gap: int = 128
+    max_refresh_steps: int = 4096
+    stable: float = 1.1
+    rate_alpha: float = 0.02
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates) or len(self.candidates) < 1:
@@ -513,9 +526,12 @@ class OnlineStepCost:
         if (not 0.0 < self.alpha <= 1.0 or self.min_samples < 1 or self.refresh_steps < 1 or self.num_buckets < 1
                 or not self.clip > 1.0 or self.refresh_burst < 1 or not 0.0 < self.ratio_alpha <= 1.0
                 or self.settle_steps < 1 or not self.drift > 1.0 or self.min_gap < 1
+                or self.max_refresh_steps < self.refresh_steps or not self.stable > 1.0
+                or not 0.0 < self.rate_alpha <= 1.0
                 or not 0 <= self.unsampled_per_burst < min(self.min_samples, self.refresh_burst)):
             raise ValueError("need 0 < alpha <= 1, min_samples >= 1, refresh_steps >= 1, num_buckets >= 1, clip > 1, "
                              "refresh_burst >= 1, 0 < ratio_alpha <= 1, settle_steps >= 1, drift > 1, min_gap >= 1, "
+                             "max_refresh_steps >= refresh_steps, stable > 1, 0 < rate_alpha <= 1, "
                              "0 <= unsampled_per_burst < min(min_samples, refresh_burst)")
         width, buckets = len(self.candidates), range(self.num_buckets)
         self.level: list[float | None] = [None for _ in buckets]
@@ -529,6 +545,8 @@ class OnlineStepCost:
         self._sweep_end: list[int] = [0 for _ in buckets]  # the bucket step that issued its last candidate
         self._pool: list[list[list[float]] | None] = [None for _ in buckets]  # the open sweep's samples
         self._swept_level: list[float | None] = [None for _ in buckets]  # the level when the last ratios were set
+        self.interval: list[int] = [self.refresh_steps for _ in buckets]  # steps from one refresh to the next
+        self.rate: list[float | None] = [None for _ in buckets]  # running tokens per ms of the chosen steps
         self._index = {c: i for i, c in enumerate(self.candidates)}
         self._log_clip, self._log_drift = math.log(self.clip), math.log(self.drift)
         self.last_tag: tuple[int, int] | None = None
@@ -582,6 +600,8 @@ class OnlineStepCost:
                 self.level[k] = base
         else:  # relative to the candidates measured before, whose mean ratio stays where it was
             shift = statistics.fmean(ratio[c] for c in known) - statistics.fmean(stat[c] for c in known)
+            moved = any(not measured[c] or abs(x + shift - ratio[c]) > math.log(self.stable) for c, x in stat.items())
+            self.interval[k] = self.refresh_steps if moved else min(2 * self.interval[k], self.max_refresh_steps)
             for c, x in stat.items():
                 if measured[c]:
                     ratio[c] += self.ratio_alpha * self._clipped(x + shift - ratio[c])
@@ -614,11 +634,12 @@ class OnlineStepCost:
     def choose(self, expected: Sequence[float], batch_size: int) -> int:
         """The candidate to verify this step; sets ``last_tag`` for :meth:`record`.
 
-        In order: the current sweep's next candidate (a sweep starts at the bucket's first step and every
-        ``refresh_steps`` of its steps after the last one started, or ``min_gap`` after it once the level has moved
-        by more than a factor ``drift`` since its ratios were set; never before they are set); else the
-        candidate with the most committed tokens per second, ``batch_size * (E + 1) / cost``, among those measured
-        here (ties: the earlier candidate); the widest candidate when none is measured yet.
+        In order: the current sweep's next candidate (a sweep starts at the bucket's first step and ``interval``
+        of its steps after the last one started, ``refresh_steps`` to ``max_refresh_steps``, or ``min_gap`` after
+        it once the level has moved by more than a factor ``drift`` since its ratios were set; never before they
+        are set); else, among the candidates measured here, the one with the most expected committed tokens
+        ``E + 1`` a request minus ``rate`` times its cost (the class docstring; ties: the earlier candidate); the
+        widest candidate when none is measured yet.
 
         Args:
             expected: C expected accepted draft nodes per request (a batch mean), in ``candidates`` order.
@@ -632,7 +653,7 @@ class OnlineStepCost:
         self._settle(k)
         queue = self._queue[k]
         if not queue and self._pool[k] is None and (
-            self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.refresh_steps or self._drifted(k, step)
+            self.sweeps[k] == 0 or step - self._sweep_start[k] >= self.interval[k] or self._drifted(k, step)
         ):
             self.sweeps[k] += 1
             burst = self._burst(self.sweeps[k])
@@ -647,13 +668,19 @@ class OnlineStepCost:
             return self.candidates[pick]
         self.last_tag = None
         costs = self.costs(batch_size)
-        best = None
-        for c, (e, cost) in enumerate(zip(expected, costs, strict=True)):
-            if cost is not None and math.isfinite(e):
-                rate = (float(e) + 1.0) / cost
-                if best is None or rate > best[0]:
-                    best = (rate, c)
-        return self.candidates[best[1] if best is not None else len(self.candidates) - 1]
+        priced = [(c, float(e) + 1.0, cost) for c, (e, cost) in enumerate(zip(expected, costs, strict=True))
+                  if cost is not None and math.isfinite(e)]
+        if not priced:
+            return self.candidates[-1]
+        rate = self.rate[k]
+        if rate is None:  # no chosen step yet: the best rate of this one
+            rate = max(tokens / cost for _, tokens, cost in priced)
+        best = priced[0]
+        for item in priced[1:]:
+            if item[1] - rate * item[2] > best[1] - rate * best[2]:
+                best = item
+        self.rate[k] = rate + self.rate_alpha * (best[1] / best[2] - rate)
+        return self.candidates[best[0]]
 
 
 def budget_histogram(chosen: Iterable[int], candidates: Sequence[int]) -> dict[str, int]:
