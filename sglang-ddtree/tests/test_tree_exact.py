@@ -7,7 +7,7 @@ import pytest
 import torch
 from ddtree_testlib import heap_tree
 
-from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32
+from sglang_ddtree.tree import build_tree, build_tree_from_topk, exact_topk, log_softmax_f32, tree_buffers
 
 
 def make_logits(kind: str, bsz: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
@@ -191,6 +191,16 @@ def test_from_topk_with_sharded_candidates_equals_full_logits(device, backend):
     for name in ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores"):
         assert torch.equal(getattr(tree, name), getattr(full, name)), name
     assert lse.shape == (bsz, depth, 1)
+    # into fixed storage (the tree head inside the drafter's CUDA graphs at TP > 1): the same tree, in its rows
+    storage = tree_buffers(bsz + 2, depth, budget, device)
+    stored = build_tree_from_topk(cat_lp[..., perm], cat_tok[..., perm], budget, backend=backend, out=storage)
+    for name in ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibling", "num_nodes", "scores",
+                 "ranks", "logprobs", "top1_tokens", "top1_logprobs"):
+        assert torch.equal(getattr(stored, name), getattr(tree, name)), name
+        assert getattr(stored, name).data_ptr() == getattr(storage, name).data_ptr(), name
+    assert stored.row_max is None and stored.row_logsum is None  # no full-vocabulary normaliser from candidates
+    with pytest.raises(ValueError, match="tree_buffers"):
+        build_tree_from_topk(cat_lp, cat_tok, budget + 1, backend=backend, out=storage)
 
 
 @pytest.mark.parametrize(

@@ -336,7 +336,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, backend: str | None =
 
 
 def build_tree_from_topk(
-    topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int, *, backend: str | None = None
+    topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int, *, backend: str | None = None,
+    out: DraftTree | None = None,
 ) -> DraftTree:
     """Build the trees from per-depth candidate lists instead of full logits (e.g. gathered across TP ranks).
 
@@ -351,6 +352,8 @@ def build_tree_from_topk(
         topk_tokens: integer [B, D, K'] candidate token ids (0 <= id < 2**31).
         budget: N >= 1.
         backend: as for :func:`build_tree`.
+        out: as for :func:`build_tree` (the returned views carry no ``row_max`` / ``row_logsum``: candidate lists
+            have no full-vocabulary normaliser of their own).
     """
     if topk_logprobs.dim() != 3 or topk_logprobs.shape != topk_tokens.shape:
         raise ValueError(
@@ -358,6 +361,9 @@ def build_tree_from_topk(
             f"{tuple(topk_logprobs.shape)} and {tuple(topk_tokens.shape)}"
         )
     budget = _check_budget(budget)
+    bsz, depth = topk_logprobs.shape[:2]
+    if out is not None:
+        _check_out(out, bsz, depth, budget)
     logprobs = topk_logprobs.float()
     k = min(budget, int(logprobs.shape[-1]))
     keys = _packed_key(logprobs, topk_tokens)
@@ -369,13 +375,15 @@ def build_tree_from_topk(
         try:
             from ._triton_tree import build_sorted
 
-            return DraftTree(**build_sorted(values, tokens, budget), max_depth=int(values.shape[1]),
-                             top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+            tree = DraftTree(**build_sorted(values, tokens, budget, out=None if out is None else tree_rows(out, bsz)),
+                             max_depth=int(values.shape[1]), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+            return tree if out is None else replace(_store(out, tree), row_max=None, row_logsum=None)
         except Exception as exc:
             if not auto or _is_capturing():
                 raise
             _triton_failed(exc)
-    return replace(_build_sorted(values, tokens, budget), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+    tree = replace(_build_sorted(values, tokens, budget), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+    return tree if out is None else replace(_store(out, tree), row_max=None, row_logsum=None)
 
 
 def chain_tree(tree: DraftTree, *, backend: str | None = None) -> DraftTree:

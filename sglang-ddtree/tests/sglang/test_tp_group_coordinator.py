@@ -58,6 +58,7 @@ def rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
 
     from sglang_ddtree.sglang.tp_topk import resolve_tp_group
     from sglang_ddtree.sglang.worker import DDTreeWorker
+    from sglang_ddtree.tree import tree_buffers
 
     with sglang_tp_group(rank, world, store) as group, get_parallel().override(tp_group=group, tp_rank=rank,
                                                                                 tp_size=world):
@@ -77,7 +78,13 @@ def rank_main(rank: int, world: int, store: str, out: str, case: dict) -> None:
         worker.block_size = case["depth"] + 1
         worker.ddtree_budget = case["budget"]
         tree = worker._ddtree_tree_from_hidden(hidden, case["bsz"], head, tp_group, vocab_size=case["vocab"])
+        # the tree head's path (SGLANG_DDTREE_TREE_IN_GRAPH=all): the same build into fixed rows
+        rows = tree_buffers(case["bsz"] + 1, case["depth"], case["budget"], "cpu")
+        stored = worker._ddtree_tree_from_hidden(hidden, case["bsz"], head, tp_group, vocab_size=case["vocab"],
+                                                 out=rows)
+        same = all(torch.equal(getattr(stored, f), getattr(tree, f)) for f in (*STRUCTURE, "scores"))
         torch.save({"shard": (int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)),
+                    "stored_same": same and stored.tokens.data_ptr() == rows.tokens.data_ptr(),
                     **{f: getattr(tree, f) for f in (*STRUCTURE, "scores")}}, out)
 
 
@@ -100,6 +107,7 @@ def test_two_gloo_ranks_build_the_full_vocabulary_tree_through_sglang_objects(ca
     )
     assert trees[0]["shard"][0] == 0 and trees[1]["shard"] == (trees[0]["shard"][1], case["vocab"])  # two shards
     assert_ranks_build_the_full_tree(trees, full, STRUCTURE)
+    assert [t["stored_same"] for t in trees] == [True, True]  # the tree head's rows hold the same tree
 
 
 # --- the resolver on its own (one process, no group built) -----------------------------------------------------

@@ -282,7 +282,8 @@ def _head_worker(monkeypatch, max_bs=4, glue="triton", world=1):
     [
         ({"env": "0"}, "SGLANG_DDTREE_TREE_IN_GRAPH=0"),
         ({"glue": "torch"}, "no Triton kernels"),
-        ({"world": 2}, "tensor parallel"),
+        ({"world": 2}, "SGLANG_DDTREE_TREE_IN_GRAPH=all gathers inside the graphs"),
+        ({"world": 2, "env": "all"}, "no plain vocabulary shards"),
         ({"oracle": "/tmp/oracle.json"}, "test oracle"),
         ({"max_bs": None}, "batch sizes are unknown"),
     ],
@@ -299,6 +300,24 @@ def test_tree_stays_out_of_the_drafter_graph_where_it_cannot_go(monkeypatch, cap
         assert worker._maybe_build_draft_sampler() is None
     assert worker._ddtree_head is None
     assert reason in caplog.text and "outside its CUDA graph" in caplog.text
+
+
+def test_tensor_parallel_trees_go_into_the_drafter_graph_when_opted_in(monkeypatch):
+    """SGLANG_DDTREE_TREE_IN_GRAPH=all at TP > 1 (an lm_head with plain vocabulary shards, as DFLASH's own graph head
+    needs): the head is built with the TP group (its gathers are captured, as DFLASH's greedy head's are) and its
+    trees carry no full-vocabulary normalisers (tests/sglang/test_tp_group_coordinator.py builds such trees into
+    fixed rows across two real ranks)."""
+    worker, lm_head = _head_worker(monkeypatch, world=2)
+    monkeypatch.setenv("SGLANG_DDTREE_TREE_IN_GRAPH", "all")
+    lm_head.shard_indices = SimpleNamespace(num_added_elements=0, org_vocab_start_index=0, num_org_elements=40)
+    built = []
+    monkeypatch.setattr(worker, "_ddtree_tree_from_hidden", lambda *a, **k: built.append((a, k)))
+    head = worker._maybe_build_draft_sampler()
+    assert head is worker._ddtree_head and head.max_bs == 4
+    head(torch.randn(2 * worker.block_size, 16))
+    (args, kwargs), = built
+    assert args[3] is worker._ddtree_tp_group and kwargs["out"] is head.buffers
+    assert head.tree(2).row_max is None and head.tree(2).row_logsum is None and head.tree(2).tokens.shape == (2, 8)
 
 
 def test_tree_head_builds_the_eager_tree_into_fixed_rows(monkeypatch):

@@ -16,6 +16,7 @@ same tree.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -38,16 +39,19 @@ class TreeDraftHead:
 
     ``build(hidden [B*D, H], B, out) -> DraftTree``: the tree of B requests from the hidden states of block positions
     1..D, written into ``out`` (``tree.build_tree``'s storage argument). ``max_bs``: the largest batch the
-    drafter's graphs are captured for (a larger one at capture is refused: its rows would not fit)."""
+    drafter's graphs are captured for (a larger one at capture is refused: its rows would not fit).
+    ``normalizers``: False where the tree comes from gathered vocabulary shards (TP > 1,
+    ``tree.build_tree_from_topk``), which have no full-vocabulary ``row_max`` / ``row_logsum``."""
 
     def __init__(self, build: Callable[[torch.Tensor, int, DraftTree], DraftTree], *, block_size: int, budget: int,
-                 max_bs: int, device: torch.device | str):
+                 max_bs: int, device: torch.device | str, normalizers: bool = True):
         self.block_size = int(block_size)
         self.max_bs = int(max_bs)
         self.buffers = tree_buffers(self.max_bs, self.block_size - 1, int(budget), device)
         self.in_round = False  # set by the worker while a DDTREE round runs DFLASH's drafter pass
         self._build = build
         self._views: dict[int, DraftTree] = {}  # tree(bs): the fixed rows' views, made once per batch size
+        self._normalizers = normalizers  # False: trees of gathered candidates (TP > 1), no row_max / row_logsum
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
         """At capture (and its warm-up runs): hidden_states [B*S, H] of the drafter's block (S = block size)."""
@@ -71,5 +75,8 @@ class TreeDraftHead:
         fixed storage do not change, so each batch size's are made once, not on every step."""
         views = self._views.get(bs)
         if views is None:
-            views = self._views[bs] = tree_rows(self.buffers, bs)
+            views = tree_rows(self.buffers, bs)
+            if not self._normalizers:
+                views = replace(views, row_max=None, row_logsum=None)
+            self._views[bs] = views
         return views

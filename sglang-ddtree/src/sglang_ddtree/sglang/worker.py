@@ -244,7 +244,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 logits_dtype=lm_head.weight.dtype,
                 index_dtype=self.model_runner.req_to_token_pool.req_to_token.dtype,
                 mask_dtype=None if mask is None else mask.dtype,
-                tp_world=int(getattr(self._ddtree_tp_group, "world_size", 1) or 1),
+                tp_world=self._ddtree_tp_world(),
                 move_kernel=self._ddtree_fused_move_table(self.model_runner.token_to_kv_pool) is not None,
             )
         except Exception as exc:  # the same kernels then compile at their first use, as before
@@ -313,22 +313,32 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_head = None
             return None
         lm_head = self._ddtree_lm_head()
+        tp_group = self._ddtree_tp_group if self._ddtree_tp_world() > 1 else None
         self._ddtree_head = TreeDraftHead(
-            lambda hidden, bs, out: self._ddtree_tree_from_hidden(hidden, bs, lm_head, None, self._ddtree_vocab_size,
-                                                                   out=out),
+            lambda hidden, bs, out: self._ddtree_tree_from_hidden(hidden, bs, lm_head, tp_group,
+                                                                   self._ddtree_vocab_size, out=out),
             block_size=self.block_size, budget=self.ddtree_budget, max_bs=max_bs, device=self.device,
+            normalizers=tp_group is None,
         )
-        logger.info("DDTREE: draft tree built inside the drafter's CUDA graphs (up to batch %d)", max_bs)
+        logger.info("DDTREE: draft tree built inside the drafter's CUDA graphs (up to batch %d, TP %d)", max_bs,
+                    self._ddtree_tp_world())
         return self._ddtree_head
 
     def _ddtree_head_refusal(self) -> tuple[str | None, int]:
         """(why the tree cannot be built inside the drafter's graphs, or None; the graphs' largest batch)."""
-        if os.environ.get(TREE_IN_GRAPH_ENV, TREE_IN_GRAPH_DEFAULT) == "0":
+        setting = os.environ.get(TREE_IN_GRAPH_ENV, TREE_IN_GRAPH_DEFAULT).strip().lower()
+        if setting == "0":
             return f"{TREE_IN_GRAPH_ENV}=0", 0
         if self._ddtree_glue != "triton":
             return "no Triton kernels on this device", 0
-        if int(getattr(self._ddtree_tp_group, "world_size", 1) or 1) > 1:
-            return "tensor parallel: the vocabulary-sharded top-k gathers across ranks after the pass", 0
+        if self._ddtree_tp_world() > 1:
+            if setting != "all":
+                return (f"tensor parallel: the vocabulary-sharded top-k gathers across ranks after the pass ("
+                        f"{TREE_IN_GRAPH_ENV}=all gathers inside the graphs, as DFLASH's greedy head does; not yet "
+                        "run on GPUs)"), 0
+            shard = getattr(self._ddtree_lm_head(), "shard_indices", None)
+            if shard is None or int(getattr(shard, "num_added_elements", 0) or 0):
+                return "tensor parallel: the target's lm_head has no plain vocabulary shards (shard_indices)", 0
         if testing.ORACLE_FILE:
             return "test oracle: forced draft logits per request", 0
         try:
@@ -340,6 +350,9 @@ class DDTreeWorker(DFlashWorkerV2):
         if not max_bs:
             return "the drafter graphs' batch sizes are unknown on this SGLang version", 0
         return None, int(max_bs)
+
+    def _ddtree_tp_world(self) -> int:
+        return int(getattr(self._ddtree_tp_group, "world_size", 1) or 1)
 
     # --- 1) drafter pass: DFLASH's, stopped at its greedy head ----------------------------------------------
     def _greedy_sample_from_vocab_parallel_head(self, *args: Any, **kwargs: Any):
@@ -408,7 +421,7 @@ class DDTreeWorker(DFlashWorkerV2):
         """Drafter hidden states [bs*(S-1), H] (block positions 1..S-1) -> DraftTree.
 
         ``force``: test-only (``testing.forced_draft_logits``: oracle tokens and ranks), TP = 1 only. ``out``:
-        fixed storage the tree is written into (``tree.tree_buffers``; the tree head), TP = 1 only."""
+        fixed storage the tree is written into (``tree.tree_buffers``; the tree head)."""
         depth = self.block_size - 1
         flat_logits = torch.matmul(draft_hidden.to(lm_head.weight.dtype), lm_head.weight.t())  # [bs*depth, V']
         world = 1 if tp_group is None else int(getattr(tp_group, "world_size", 1))
@@ -428,7 +441,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logprobs, tokens = sharded_candidates(
             local_logits, vocab_start, k, lambda t: tp_group.all_gather(t.contiguous(), dim=-1), vocab_limit=limit
         )
-        return build_tree_from_topk(logprobs, tokens, self.ddtree_budget)
+        return build_tree_from_topk(logprobs, tokens, self.ddtree_budget, out=out)
 
     # --- 3) verify input -------------------------------------------------------------------------------------
     def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int, num_nodes: int):
