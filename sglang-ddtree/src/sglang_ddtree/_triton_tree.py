@@ -139,10 +139,6 @@ _FIELDS = ("tokens", "depths", "parents", "ancestors", "first_child", "next_sibl
            "logprobs")
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int, out=None):
     """Run the tree kernel; returns the DraftTree fields as a dict (see ``tree.DraftTree``).
 
@@ -183,8 +179,8 @@ def build_sorted(values: torch.Tensor, tokens: torch.Tensor, budget: int, out=No
         out["scores"],
         out["ranks"],
         out["logprobs"],
-        FP=_next_pow2(2 * budget + 1),
-        NB=_next_pow2(budget + 1),
+        FP=triton.next_power_of_2(2 * budget + 1),
+        NB=triton.next_power_of_2(budget + 1),
         num_warps=4,
     )
     out["ancestors"] = out["ancestors"].view(torch.bool)

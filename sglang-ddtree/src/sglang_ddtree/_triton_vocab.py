@@ -215,10 +215,6 @@ def _vocab_select(
             prev = cur
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 _STEP = {torch.bfloat16: 1 << 16, torch.float32: 1, torch.float16: 1}
 
 
@@ -247,9 +243,9 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, til
     rows, vocab = logits.shape
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in 1..{vocab}")
-    kp = _next_pow2(k)
-    tile = _next_pow2(max(16, min(1024, tile)))
-    tpp = max(1, _next_pow2(elements) // tile)
+    kp = triton.next_power_of_2(k)
+    tile = triton.next_power_of_2(max(16, min(1024, tile)))
+    tpp = max(1, triton.next_power_of_2(elements) // tile)
     tiles = -(-vocab // tile)
     groups = -(-tiles // tpp)
     device = logits.device
@@ -286,7 +282,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, elements: int | None = None, til
         fallback,
         TILE=tile,
         TPP=tpp,
-        PP=max(16, _next_pow2(groups)),
+        PP=max(16, triton.next_power_of_2(groups)),
         KP=kp,
         CAP=cap,
         RB=1024,

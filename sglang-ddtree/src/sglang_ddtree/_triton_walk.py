@@ -58,10 +58,6 @@ def _walk_kernel(
     tl.store(o_bonus + b, bonus)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target_tokens: torch.Tensor, depth: int):
     """(accept_index [B, depth+1], accept_len [B], bonus [B]) as ``verify.greedy_walk`` defines them."""
     bsz, nodes = parents.shape
@@ -76,8 +72,8 @@ def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target_tokens: torc
         accept_index,
         accept_len,
         bonus,
-        NB=max(16, _next_pow2(nodes)),
-        DB=max(16, _next_pow2(depth + 1)),
+        NB=max(16, triton.next_power_of_2(nodes)),
+        DB=max(16, triton.next_power_of_2(depth + 1)),
         num_warps=1,
     )
     return accept_index, accept_len, bonus

@@ -38,10 +38,6 @@ __all__ = ["plan_splits", "tree_verify_attention", "tree_verify_attention_torch"
 LOG2E = 1.4426950408889634
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 @triton.jit
 def _attend(q, kt, vv, allowed, m_i, l_i, acc, scale_log2):
     """One online-softmax step: rows ``q`` [R, D] against keys ``kt`` [D, N] where ``allowed`` [R or 1, N], values
@@ -207,7 +203,7 @@ def plan_splits(batch: int, programs_per_request: int, sm_count: int, max_splits
 
 def _blocks(group: int, max_q: int, d: int, dv: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_N, num_warps): rows of (token, head-of-group) per program, prefix keys per step."""
-    rows = _next_pow2(max(16, group * max_q))
+    rows = triton.next_power_of_2(max(16, group * max_q))
     wide = max(d, dv) > 128
     block_r = min(rows, 64 if wide else 128)
     block_n = 32 if wide else 64
@@ -234,7 +230,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     row_blocks = triton.cdiv(group * max_q, block_r)
     if splits is None:
         splits = plan_splits(batch, hkv * row_blocks, _sm_count(q.device))
-    block_dv = _next_pow2(max(16, dv))
+    block_dv = triton.next_power_of_2(max(16, dv))
     if splits > 1:
         part_acc = torch.empty(batch * hkv * row_blocks * splits * block_r * block_dv, device=q.device,
                                dtype=torch.float32)
@@ -248,8 +244,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         hkv,
-        G=group, D=d, DV=dv, BLOCK_D=_next_pow2(max(16, d)), BLOCK_DV=block_dv,
-        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_T=_next_pow2(max(16, max_q)), S=splits,
+        G=group, D=d, DV=dv, BLOCK_D=triton.next_power_of_2(max(16, d)), BLOCK_DV=block_dv,
+        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_T=triton.next_power_of_2(max(16, max_q)), S=splits,
         MIN_CHUNK=max(int(min_chunk), 1), num_warps=warps, num_stages=1,
     )
     if splits > 1:

@@ -27,10 +27,6 @@ from .._triton_walk import walk_request
 __all__ = ["verify_prep", "walk_commit"]
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 @triton.jit(do_not_specialize=["N", "root_stride", "r2t_stride"])
 def _verify_prep_kernel(
     tok_ptr,  # i64 [B, N] tree tokens
@@ -140,7 +136,7 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
         out["slots"],
         mask_arg,
         WRITE_MASK=write_mask,
-        NB=max(16, _next_pow2(m)),
+        NB=max(16, triton.next_power_of_2(m)),
         num_warps=4,
     )
     out["custom_mask"] = custom_mask
@@ -250,8 +246,8 @@ def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, pre
             strides,
             MOVE=move,
             TILE=tile,
-            NB=max(16, _next_pow2(m)),
-            DB=max(16, _next_pow2(w)),
+            NB=max(16, triton.next_power_of_2(m)),
+            DB=max(16, triton.next_power_of_2(w)),
             num_warps=4,
         )
     plan = {"out_tokens": out_tokens, "commit_lens": commit_lens, "new_seq_lens": new_seq_lens, "move_src": src,
