@@ -32,7 +32,8 @@ The choice: with one verify width per step (one CUDA graph per width), the batch
 per step, where +1 is the bonus token, so the plugin picks the candidate that maximises
 B * (mean_b E_b + 1) / cost(B, candidate) (:func:`choose_budget`). ``cost`` is a table measured by the plugin
 at start-up (:class:`StepCostTable`, interpolated between measured batch sizes) or while serving
-(:class:`OnlineStepCost`: every step's own duration, per batch-size bucket); nothing here hard-codes a cost.
+(:class:`OnlineStepCost`: every step's own duration, per batch-size bucket; its choice maximises the long-run
+rate instead, tokens minus the running rate times the cost); nothing here hard-codes a cost.
 The chain is one candidate (:data:`CHAIN`), so a well-calibrated chooser is never worse than DFLASH by more
 than its own cost.
 
