@@ -489,7 +489,7 @@ def test_records_are_per_pool_and_per_layer_view():
     group = records.groups[inter.data_ptr()]
     assert group["records"].shape == (3, 4, 5, 2, 6 + 8 + 2) and group["meta"].shape == (3, 4, 2)
     assert rec1.data_ptr() == group["records"][1].data_ptr() and meta1.data_ptr() == group["meta"][1].data_ptr()
-    assert rows.shape == (4,) and rows.dtype == torch.int32
+    assert rows.shape == (gdn_verify.MAX_VERIFY_REQUESTS,) and rows.dtype == torch.int32
     rec2, _meta2, rows2 = records.for_layer(inter[2], states[2])
     assert rows2 is rows  # one row table for every layer of a pool
     assert rec2.data_ptr() == group["records"][2].data_ptr() and len(records.groups) == 1
@@ -522,7 +522,7 @@ def test_the_record_mode_routes_ddtree_trees_and_invalidates_when_sglang_stores(
     assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "ours"
     meta = gdn_verify.RECORDS.groups[inter.data_ptr()]["meta"]
     assert ours[0]["record_meta"].data_ptr() == meta[1].data_ptr() and ours[0]["records"].shape == (3, 17, 4, 34)
-    assert ours[0]["record_rows"].shape == (3,)
+    assert ours[0]["record_rows"].shape == (gdn_verify.MAX_VERIFY_REQUESTS,)
     meta.fill_(1)  # as the kernel leaves it
     monkeypatch.setattr(gdn_verify, "_ddtree_here", False)  # a tree SGLang's kernel stores: nothing to replay
     assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "sglang"

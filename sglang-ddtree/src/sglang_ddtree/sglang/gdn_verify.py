@@ -88,10 +88,16 @@ def _layer_of(view: Any, base: Any) -> int | None:
     return offset // step
 
 
+#: Requests of one verify the record mode takes (the row table's length; SGLang pads a graph's batch past its state
+#: pool, onto the pool's padding row, so the pool's row count is no bound).
+MAX_VERIFY_REQUESTS = 4096
+
+
 class ReplayRecords:
     """The record mode's buffers, one group per pool of intermediate states (SGLang's ``intermediate_ssm``, all
     layers ``[L, rows, steps, HV, V, K]``, of which each layer's verify gets the view ``[l]``): the records
-    ``[L, rows, steps, HV, K + V + 2]`` fp32 and ``[L, rows, 2]`` int32 (set, initial-state slot), allocated at the
+    ``[L, rows, steps, HV, K + V + 2]`` fp32, ``[L, rows, 2]`` int32 (set, initial-state slot) and each request's
+    row (``[MAX_VERIFY_REQUESTS]`` int32, shared by the layers), allocated at the
     first verify of the pool (outside a CUDA graph capture: SGLang's capture runs each width eagerly first). Memory:
     ``(K + V + 2) / (V * K)`` of the intermediate pool, 1.6% at K = V = 128."""
 
@@ -123,7 +129,7 @@ class ReplayRecords:
                         (*pool.shape[:2], 2), dtype=torch.int32, device=pool.device), "records": torch.empty(
                         (*pool.shape[:4], record_width(pool.shape[-1], pool.shape[-2])), dtype=torch.float32,
                         device=pool.device), "rows": torch.full(
-                        (pool.shape[1],), -1, dtype=torch.int32, device=pool.device)}
+                        (max(pool.shape[1], MAX_VERIFY_REQUESTS),), -1, dtype=torch.int32, device=pool.device)}
                 except torch.cuda.OutOfMemoryError:
                     logger.warning("DDTREE GatedDeltaNet record mode: no GPU memory for its records (%s of the "
                                    "intermediate pool's): SGLang's kernel", "1.6%")
