@@ -254,7 +254,7 @@ def _replay_kernel(
     row = tl.load(row_of_ptr + req).to(tl.int64)
     meta = meta_ptr + (layer * rows + row) * 2
     last = tl.load(last_ptr + req).to(tl.int32)
-    recorded = tl.load(meta, mask=row >= 0, other=0) != 0  # (compiled Triton takes no chained and/or)
+    recorded = tl.load(meta, mask=row >= 0, other=0) != 0  # row < 0: a padded request, nothing recorded
     if (row >= 0) & (last >= 0) & recorded:
         ks = tl.arange(0, BK)
         vs = col * BV + tl.arange(0, BV)
