@@ -371,18 +371,19 @@ def build_tree_from_topk(
     values = torch.gather(logprobs, -1, order)
     tokens = torch.gather(topk_tokens.to(torch.int64), -1, order)
     chosen, auto = _resolve(backend, logprobs.device)
+    tree = None
     if chosen == "triton":
         try:
             from ._triton_tree import build_sorted
 
             tree = DraftTree(**build_sorted(values, tokens, budget, out=None if out is None else tree_rows(out, bsz)),
                              max_depth=int(values.shape[1]), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
-            return tree if out is None else replace(_store(out, tree), row_max=None, row_logsum=None)
         except Exception as exc:
             if not auto or _is_capturing():
                 raise
             _triton_failed(exc)
-    tree = replace(_build_sorted(values, tokens, budget), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
+    if tree is None:
+        tree = replace(_build_sorted(values, tokens, budget), top1_tokens=tokens[..., 0], top1_logprobs=values[..., 0])
     return tree if out is None else replace(_store(out, tree), row_max=None, row_logsum=None)
 
 

@@ -187,6 +187,11 @@ def tree_path(parents, node):
     return path[::-1]
 
 
+def differing_states(got, expected):
+    """The first (layer, row, node) indices whose stored states differ, of two ``[L, rows, steps, ...]`` pools."""
+    return (got != expected).reshape(*got.shape[:3], -1).any(-1).nonzero().tolist()[:6]
+
+
 def record_replay_case(heads, v_heads, k_dim, v_dim, act, lens, strided=False, layers=2):
     """The record mode and the commit's replay against SGLang's store mode, over ``layers`` layers: '' when the
     outputs are SGLang's, the record mode stored no state, and the replay put SGLang's state of each request's
@@ -240,8 +245,7 @@ def record_replay_case(heads, v_heads, k_dim, v_dim, act, lens, strided=False, l
             for node in {int(last[i]), int(track[i])} - {-1}:
                 expected[layer, row, node] = stored[layer][row, node]
     if not torch.equal(inter, expected):
-        bad = (inter != expected).reshape(*inter.shape[:3], -1).any(-1).nonzero().tolist()
-        problems.append(f"replayed states differ at (layer, row, node) {bad[:6]}")
+        problems.append(f"replayed states differ at (layer, row, node) {differing_states(inter, expected)}")
     if not torch.equal(states, before):
         problems.append("the replay wrote the state pool")
     return "; ".join(problems)
@@ -285,8 +289,8 @@ def hook_replay_case():
             for node in nodes:
                 expected[layer, i + 1, node] = stored[layer][i + 1, node]
     if launches != 2 or not torch.equal(inter, expected):
-        bad = (inter != expected).reshape(*inter.shape[:3], -1).any(-1).nonzero().tolist()
-        problems.append(f"{launches} launches; states SGLang's commit reads differ at (layer, row, node) {bad[:6]}")
+        problems.append(f"{launches} launches; states SGLang's commit reads differ at (layer, row, node) "
+                        f"{differing_states(inter, expected)}")
     if int(gdn_verify.RECORDS.groups[inter.data_ptr()]["meta"].abs().sum()) != 0:
         problems.append("the records were not forgotten after the commit")
     return "; ".join(problems)

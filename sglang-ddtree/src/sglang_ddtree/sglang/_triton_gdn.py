@@ -96,6 +96,14 @@ def _node_inputs(row, kh, hv, ks, vs, k_in, v_in, q_ptr, k_ptr, v_ptr, a_ptr, b_
 
 
 @triton.jit
+def _initial_state(h0_tile, tile_in, slot0, BK: tl.constexpr, BV: tl.constexpr):
+    """The request's initial state tile, fp32 (zeros for a slot < 0). Zeros + the slot: SGLang's sequence (0 + -0 is
+    +0), so even the sign of a zero state element is SGLang's."""
+    return tl.zeros([BK, BV], dtype=tl.float32) + tl.load(h0_tile, mask=tile_in & (slot0 >= 0), other=0.0).to(
+        tl.float32)
+
+
+@triton.jit
 def _delta_step(state, k, v, g, beta):
     """One gated delta-rule update of a [BK, BV] state tile (the verify and the replay run this same code)."""
     state = state * tl.exp(g)
@@ -161,9 +169,7 @@ def _tree_gated_delta_kernel(
 
     slot0 = tl.load(h0_idx_ptr + req).to(tl.int64)
     h0_tile = h0_ptr + slot0 * s0_n + hv * s0_h + vs[None, :] * s0_v + ks[:, None] * s0_k
-    # zeros + the slot: SGLang's sequence (0 + -0 is +0), so even the sign of a zero state element is SGLang's
-    h0 = tl.load(h0_tile, mask=tile_in & (slot0 >= 0), other=0.0).to(tl.float32)
-    state = tl.zeros([BK, BV], dtype=tl.float32) + h0
+    state = _initial_state(h0_tile, tile_in, slot0, BK, BV)
 
     slot = tl.load(buf_idx_ptr + req).to(tl.int64)
     buf_tile = buf_ptr + slot * sc_n + hv * sc_h + vs[None, :] * sc_v + ks[:, None] * sc_k
@@ -188,8 +194,7 @@ def _tree_gated_delta_kernel(
                     while up > 0:
                         ancestors = ancestors | (tl.full([], 1, tl.int64) << up.to(tl.int64))
                         up = tl.load(parent_row + up * sp_t).to(tl.int32)
-                    state = tl.zeros([BK, BV], dtype=tl.float32) + tl.load(
-                        h0_tile, mask=tile_in & (slot0 >= 0), other=0.0).to(tl.float32)
+                    state = _initial_state(h0_tile, tile_in, slot0, BK, BV)
                     for j in range(0, parent + 1):
                         if ((ancestors >> j) & 1) != 0:
                             _, kj, vj, gj, betaj = _node_inputs(
@@ -263,8 +268,7 @@ def _replay_kernel(
         tile_in = k_in[:, None] & v_in[None, :]
         slot0 = tl.load(meta + 1).to(tl.int64)
         h0_tile = h0_ptr + layer * s0_l + slot0 * s0_n + hv * s0_h + vs[None, :] * s0_v + ks[:, None] * s0_k
-        state = tl.zeros([BK, BV], dtype=tl.float32) + tl.load(
-            h0_tile, mask=tile_in & (slot0 >= 0), other=0.0).to(tl.float32)
+        state = _initial_state(h0_tile, tile_in, slot0, BK, BV)
         track = tl.load(track_ptr + req).to(tl.int32)
         buf_tile = buf_ptr + layer * sc_l + row * sc_n + hv * sc_h + vs[None, :] * sc_v + ks[:, None] * sc_k
         depth = tl.load(len_ptr + req).to(tl.int32)
@@ -331,9 +335,7 @@ def gdn_tree_verify(
         scale = k_dim**-0.5
     record = records is not None
     if record:
-        problem = record_layout_problem(records, record_meta, intermediate_states, k_dim, v_dim)
-        if not problem and (record_rows is None or record_rows.dtype != torch.int32 or record_rows.numel() < requests):
-            problem = f"record_rows: int32 with at least {requests} entries expected"
+        problem = record_layout_problem(records, record_meta, record_rows, requests, intermediate_states, k_dim, v_dim)
         if problem:
             raise ValueError(f"record mode: {problem}")
     grid = (triton.cdiv(v_dim, bv), v_heads, requests)
@@ -367,10 +369,11 @@ def record_width(k_dim: int, v_dim: int) -> int:
     return k_dim + v_dim + 2
 
 
-def record_layout_problem(records: torch.Tensor, meta: torch.Tensor | None, intermediate: torch.Tensor,
-                          k_dim: int, v_dim: int) -> str:
+def record_layout_problem(records: torch.Tensor, meta: torch.Tensor | None, rows: torch.Tensor | None, requests: int,
+                          intermediate: torch.Tensor, k_dim: int, v_dim: int) -> str:
     """'' when ``records`` ([..., rows, steps, HV, K + V + 2] fp32) and ``meta`` ([..., rows, 2] int32), both
-    contiguous, fit the intermediate buffer ([..., rows, steps, HV, V, K], fp32), else what does not."""
+    contiguous, fit the intermediate buffer ([..., rows, steps, HV, V, K], fp32) and the row table ``rows`` (int32)
+    holds ``requests`` entries, else what does not."""
     if intermediate.dtype != torch.float32:
         return f"the intermediate buffer is {intermediate.dtype}, the record mode needs float32"
     want = (*intermediate.shape[:-2], record_width(k_dim, v_dim))
@@ -382,6 +385,8 @@ def record_layout_problem(records: torch.Tensor, meta: torch.Tensor | None, inte
         return f"record_meta {got}: expected contiguous int32 {(*intermediate.shape[:-4], 2)}"
     if records.shape[-3] > 63 or records.device != intermediate.device:
         return "more than 63 steps (the ancestor walk keeps a 64-bit set), or records on another device"
+    if rows is None or rows.dtype != torch.int32 or rows.numel() < requests:
+        return f"record_rows: int32 with at least {requests} entries expected"
     return ""
 
 
@@ -412,16 +417,14 @@ def gdn_tree_replay(
     ``path_len`` [N] the accepted nodes after the root (``path[n, path_len[n]] == last[n]``), ``last`` [N],
     ``track`` [N] (-1: none)."""
     layers, rows, steps, v_heads, v_dim, k_dim = intermediate.shape
-    problem = record_layout_problem(records, record_meta, intermediate, k_dim, v_dim)
+    requests = last.numel()
+    problem = record_layout_problem(records, record_meta, record_rows, requests, intermediate, k_dim, v_dim)
     if problem:
         raise ValueError(problem)
     if states.dim() != 5 or states.shape[0] != layers or tuple(states.shape[2:]) != (v_heads, v_dim, k_dim):
         raise ValueError(f"states {tuple(states.shape)}: expected [{layers}, slots, {v_heads}, {v_dim}, {k_dim}]")
-    requests = last.numel()
     if requests == 0 or layers == 0:
         return
-    if record_rows.dtype != torch.int32 or record_rows.numel() < requests:
-        raise ValueError(f"record_rows: int32 with at least {requests} entries expected")
     bv = int(block_v) if block_v else default_block_v(k_dim, v_dim, requests, intermediate.device)
     grid = (triton.cdiv(v_dim, bv), v_heads, layers * requests)
     _replay_kernel[grid](

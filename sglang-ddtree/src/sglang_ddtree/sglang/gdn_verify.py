@@ -157,10 +157,12 @@ def replay_before_commit(path: Any, path_len: Any, last: Any, track: Any = None)
     """Before SGLang's ``update_mamba_state_after_mtp_verify``: rebuild, in every recorded pool, the states the
     commit reads (``_triton_gdn.gdn_tree_replay``), then forget the records. Returns the launches (0: no record
     mode in this process)."""
+    if not RECORDS.groups:
+        return 0
+    from ._triton_gdn import gdn_tree_replay
+
     launches = 0
     for group in RECORDS.groups.values():
-        from ._triton_gdn import gdn_tree_replay
-
         gdn_tree_replay(group["records"], group["meta"], group["rows"], group["states"], group["pool"], path, path_len,
                         last, track)
         group["meta"].zero_()
