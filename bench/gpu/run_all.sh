@@ -34,7 +34,8 @@
 #   cost-tiny, cost-8b, cost-hybrid, cost-8b-context  bench/gpu/step_cost.py on the tiny pair and on
 #                     bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid shapes (COST_REPEATS, 5;
 #                     COST_BUDGETS, 16; COST_ALGOS; COST_BATCHES (tiny); HYBRID_LAYERS, 40 on a GPU of 130 GB or
-#                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8). COST_AB=1: cost-8b also
+#                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8; the context step's COST_ALGOS
+#                     default is DFLASH,DDTREE). COST_AB=1: cost-8b also
 #                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
 #                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (cost-8b, cost-hybrid,
 #                     cost-tiny, cost-pair), e.g. "--ab own-gdn:SGLANG_DDTREE_OWN_GDN=1" on cost-hybrid: DDTREE
@@ -203,7 +204,7 @@ run_step() {
           --repeats ${COST_REPEATS:-5} ${COST_AB_ARGS:-}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
-          --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '${CONTEXT_BATCHES:-32768=1,8}' --algos DFLASH,DDTREE \
+          --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '${CONTEXT_BATCHES:-32768=1,8}' --algos ${COST_ALGOS:-DFLASH,DDTREE} \
           --repeats ${COST_REPEATS:-3}" ;;
     cost-tiny) read -r -a ab_args <<<"${COST_AB_ARGS:-}"  # several arguments
       step cost-tiny python3 bench/gpu/step_cost.py --models "$S/models" --work "$STATE/cost-tiny" --label tiny \
