@@ -39,10 +39,8 @@
 #                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
 #                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (cost-8b, cost-hybrid,
 #                     cost-tiny, cost-pair), e.g. "--ab own-gdn:SGLANG_DDTREE_OWN_GDN=1" on cost-hybrid: DDTREE
-#                     also with the plugin's GatedDeltaNet tree kernel (opt-in) instead of SGLang's, or
-#                     "--ab own-gdn-replay:SGLANG_DDTREE_OWN_GDN=replay": that kernel's record mode (no per-node state
-#                     stored; the commit replays the accepted path). An SGLANG_DDTREE_* variable exported around
-#                     run_all reaches every engine (lossless-shape and lossless-hybrid with the record mode)
+#                     also with the plugin's GatedDeltaNet tree kernel (opt-in) instead of SGLang's. An
+#                     SGLANG_DDTREE_* variable exported around run_all reaches every engine
 #   cost-pair         step_cost.py on the trained pair (PAIR_BUDGETS, 16,32; PAIR_BATCHES, 1,8,32): wall ms per step
 #                     beside the profile's GPU time ("--ab auto:SGLANG_DDTREE_BUDGET=auto" ranks what auto adds)
 #   step-cost         sglang_ddtree_gpu.sh step-cost (issue 18's layout; CONTEXTS)

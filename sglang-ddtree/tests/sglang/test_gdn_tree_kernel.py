@@ -179,132 +179,6 @@ def interpreted_cases():
         ours, theirs, ours_call, theirs_call, pool)
 
 
-def tree_path(parents, node):
-    """Node indices from the root (0) to ``node`` in a request's parent list."""
-    path = [node]
-    while path[-1] > 0:
-        path.append(int(parents[path[-1]]))
-    return path[::-1]
-
-
-def differing_states(got, expected):
-    """The first (layer, row, node) indices whose stored states differ, of two ``[L, rows, steps, ...]`` pools."""
-    return (got != expected).reshape(*got.shape[:3], -1).any(-1).nonzero().tolist()[:6]
-
-
-def record_replay_case(heads, v_heads, k_dim, v_dim, act, lens, strided=False, layers=2):
-    """The record mode and the commit's replay against SGLang's store mode, over ``layers`` layers: '' when the
-    outputs are SGLang's, the record mode stored no state, and the replay put SGLang's state of each request's
-    last accepted node (and of its tracked node) where SGLang's kernel stored them, touching nothing else."""
-    import torch
-
-    from sglang_ddtree.sglang._triton_gdn import gdn_tree_replay, record_width
-
-    reference = sglang_reference()
-    calls = [make_inputs(heads, v_heads, k_dim, v_dim, act, "float32", lens, seed=layer, strided=strided)
-             for layer in range(layers)]  # request i's intermediate row: i + 1 (-1: a padded request)
-    n = len(lens)
-    noise = torch.stack([c["intermediate_states_buffer"] for c in calls])
-    inter = noise.clone()
-    records = torch.zeros((*inter.shape[:-2], record_width(k_dim, v_dim)))
-    meta = torch.zeros((*inter.shape[:-4], 2), dtype=torch.int32)
-    rows = torch.full((n + 1,), 7, dtype=torch.int32)
-    problems, stored = [], []
-    for layer, call in enumerate(calls):
-        theirs_call = with_fresh_buffers(call)
-        theirs = run_sglang(reference, theirs_call)
-        stored.append(theirs_call["intermediate_states_buffer"])
-        ours = run_ours(dict(call, intermediate_states_buffer=inter[layer]), records=records[layer],
-                        record_meta=meta[layer], record_rows=rows)
-        if not torch.equal(ours, theirs):
-            problems.append(f"layer {layer}: outputs differ (max {(ours - theirs).float().abs().max().item():.3g})")
-    if not torch.equal(inter, noise):
-        problems.append("the record mode stored states")
-    if rows[:n].tolist() != calls[0]["intermediate_state_indices"].tolist():
-        problems.append(f"rows {rows.tolist()} recorded for {calls[0]['intermediate_state_indices'].tolist()}")
-    # accepted paths: the last node of each tree (behind its branches), the middle of the path tracked
-    parents = calls[0]["retrieve_parent_token"]
-    paths = [tree_path(parents[i].tolist(), lens[i] - 1) for i in range(n)]
-    depth = max(len(path) for path in paths)
-    accept = torch.zeros((n, depth), dtype=torch.int64)
-    for i, path in enumerate(paths):
-        accept[i, : len(path)] = torch.tensor(path)
-    path_len = torch.tensor([len(path) - 1 for path in paths])
-    last = torch.tensor([path[-1] for path in paths])
-    track = torch.tensor([path[len(path) // 2] if i % 2 == 0 else -1 for i, path in enumerate(paths)])
-    if n >= 2:
-        last[-1] = -1  # a request without a commit (SGLang's scatter skips a step < 0)
-    states = torch.stack([c["ssm_states"] for c in calls])
-    before = states.clone()
-    gdn_tree_replay(records, meta, rows, states, inter, accept, path_len, last, track)
-    expected = noise.clone()
-    for layer, call in enumerate(calls):
-        for i, row in enumerate(call["intermediate_state_indices"].tolist()):
-            if row < 0 or last[i] < 0:
-                continue
-            for node in {int(last[i]), int(track[i])} - {-1}:
-                expected[layer, row, node] = stored[layer][row, node]
-    if not torch.equal(inter, expected):
-        problems.append(f"replayed states differ at (layer, row, node) {differing_states(inter, expected)}")
-    if not torch.equal(states, before):
-        problems.append("the replay wrote the state pool")
-    return "; ".join(problems)
-
-
-def hook_replay_case():
-    """The hook in record mode end to end, as SGLang calls it (each layer's verify gets its view of the pools), then
-    the worker's ``replay_before_commit``: '' when the states SGLang's commit reads are those SGLang's kernel
-    stores, else what differs."""
-    import torch
-    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
-
-    from sglang_ddtree.sglang import gdn_verify
-
-    gdn_verify.DEVICES.add("cpu")
-    gdn_verify._ddtree_here = True
-    original = getattr(TritonGDNKernel.target_verify, "__wrapped__", TritonGDNKernel.target_verify)
-    hook = gdn_verify.make_hook(reciprocal_norm(), replay=True)
-    lens = (9, 7)
-    calls = [make_inputs(2, 4, 16, 16, "bfloat16", "float32", lens, seed=layer) for layer in range(3)]
-    states = torch.stack([c["ssm_states"] for c in calls])
-    inter = torch.stack([c["intermediate_states_buffer"] for c in calls])
-    noise, problems, stored = inter.clone(), [], []
-    for layer, call in enumerate(calls):  # request i's intermediate row: i + 1
-        theirs_call = with_fresh_buffers(call)
-        theirs = original(TritonGDNKernel(), **theirs_call)
-        stored.append(theirs_call["intermediate_states_buffer"])
-        routed = []
-        ours = hook(lambda *a, routed=routed, **k: routed.append(1) or original(*a, **k), TritonGDNKernel(),
-                    **dict(call, ssm_states=states[layer], intermediate_states_buffer=inter[layer]))
-        if routed or not torch.equal(ours, theirs):
-            problems.append(f"layer {layer}: {'routed to SGLang' if routed else 'outputs differ'}")
-    parents = calls[0]["retrieve_parent_token"]
-    paths = [tree_path(parents[0].tolist(), 7), tree_path(parents[1].tolist(), 6)]
-    accept = torch.tensor([p + [0] * (5 - len(p)) for p in paths])
-    launches = gdn_verify.replay_before_commit(accept, torch.tensor([len(p) - 1 for p in paths]),
-                                               torch.tensor([7, 6]), torch.tensor([paths[0][1], -1]))
-    expected = noise.clone()
-    for layer in range(3):
-        for i, nodes in enumerate(({7, paths[0][1]}, {6})):
-            for node in nodes:
-                expected[layer, i + 1, node] = stored[layer][i + 1, node]
-    if launches != 2 or not torch.equal(inter, expected):
-        problems.append(f"{launches} launches; states SGLang's commit reads differ at (layer, row, node) "
-                        f"{differing_states(inter, expected)}")
-    if int(gdn_verify.RECORDS.groups[inter.data_ptr()]["meta"].abs().sum()) != 0:
-        problems.append("the records were not forgotten after the commit")
-    return "; ".join(problems)
-
-
-def record_replay_cases():
-    """(case, detail) of the record mode and the replay, fp32 states only (the mode's condition)."""
-    for name, heads, v_heads, k_dim, v_dim, act, state, lens, _block_v in CASES:
-        if state == "float32":
-            yield f"replay-{name}", record_replay_case(heads, v_heads, k_dim, v_dim, act, lens,
-                                                       strided=name.startswith("strided"))
-    yield "replay-hook", hook_replay_case()
-
-
 @pytest.fixture(scope="module")
 def interpreted():
     from ddtree_testlib import run_interpreted
@@ -312,8 +186,7 @@ def interpreted():
     return {case: row["detail"] for case, row in run_interpreted(Path(__file__)).items()}
 
 
-@pytest.mark.parametrize("case", [c[0] for c in CASES] + ["hook", "replay-hook"] + [
-    f"replay-{c[0]}" for c in CASES if c[6] == "float32"])
+@pytest.mark.parametrize("case", [c[0] for c in CASES] + ["hook"])
 def test_interpreted_kernel_matches_sglang_bit_for_bit(case, interpreted):
     assert case in interpreted, f"case {case} did not run"
     assert interpreted[case] == "", interpreted[case]
@@ -446,108 +319,6 @@ def test_another_signature_is_refused_once_at_start_up(monkeypatch, caplog):
     assert "not available" in gdn_verify.install_problem({gdn_verify.ENV: "1"})
 
 
-@pytest.mark.parametrize("record", [False, True], ids=["store", "record"])
-def test_the_kernels_compile_for_hopper(record):
-    """Compiled for sm_90 on this machine (no GPU): the interpreted tests above never type-check the compiled
-    language (its control flow in particular: the record mode's ancestor walk is a while loop in a branch)."""
-    from ddtree_testlib import compile_for_sm90
-
-    from sglang_ddtree.sglang import _triton_gdn
-
-    ptx = compile_for_sm90(_triton_gdn._tree_gated_delta_kernel, {
-        **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")},
-        **{n: "*fp32" for n in ("a_log_ptr", "dt_bias_ptr", "h0_ptr", "buf_ptr", "rec_ptr")},
-        **{n: "*i64" for n in ("h0_idx_ptr", "buf_idx_ptr")},
-        **{n: "*i32" for n in ("parent_ptr", "cu_ptr", "meta_ptr", "row_of_ptr")},
-        **{n: "fp32" for n in ("scale", "softplus_beta", "softplus_threshold")},
-    }, {"H": 16, "HV": 48, "K": 128, "V": 128, "BK": 128, "BV": 4, "RECIPROCAL_NORM": False,
-        "ROUND_KEPT_STATE": False, "RECORD": record})
-    assert ".entry _tree_gated_delta_kernel" in ptx
-    if record:
-        replay = compile_for_sm90(_triton_gdn._replay_kernel, {
-            **{n: "*fp32" for n in ("rec_ptr", "h0_ptr", "buf_ptr")},
-            **{n: "*i32" for n in ("meta_ptr", "row_of_ptr")},
-            **{n: "*i64" for n in ("path_ptr", "len_ptr", "last_ptr", "track_ptr")},
-        }, {"HV": 48, "K": 128, "V": 128, "BK": 128, "BV": 4})
-        assert ".entry _replay_kernel" in replay
-
-
-@pytest.mark.parametrize(("value", "expected"), [("replay", "replay"), (" Replay ", "replay"), ("1", "store"),
-                                                 ("plugin", "store"), ("on", "store"), ("", "sglang"),
-                                                 ("0", "sglang"), ("record", "sglang")])
-def test_the_env_var_picks_the_mode(value, expected):
-    from sglang_ddtree.sglang import gdn_verify
-
-    assert gdn_verify.mode({gdn_verify.ENV: value}) == expected
-    assert gdn_verify.enabled({gdn_verify.ENV: value}) is (expected != "sglang")
-
-
-def test_records_are_per_pool_and_per_layer_view():
-    import torch
-
-    from sglang_ddtree.sglang import gdn_verify
-
-    records = gdn_verify.ReplayRecords()
-    inter, states = torch.zeros(3, 4, 5, 2, 8, 6), torch.zeros(3, 7, 2, 8, 6)  # [L, rows, steps, HV, V, K]
-    rec1, meta1, rows = records.for_layer(inter[1], states[1])
-    group = records.groups[inter.data_ptr()]
-    assert group["records"].shape == (3, 4, 5, 2, 6 + 8 + 2) and group["meta"].shape == (3, 4, 2)
-    assert rec1.data_ptr() == group["records"][1].data_ptr() and meta1.data_ptr() == group["meta"][1].data_ptr()
-    assert rows.shape == (gdn_verify.MAX_VERIFY_REQUESTS,) and rows.dtype == torch.int32
-    rec2, _meta2, rows2 = records.for_layer(inter[2], states[2])
-    assert rows2 is rows  # one row table for every layer of a pool
-    assert rec2.data_ptr() == group["records"][2].data_ptr() and len(records.groups) == 1
-    group["meta"].fill_(3)
-    records.invalidate()
-    assert int(group["meta"].abs().sum()) == 0
-    # not the same layer of both pools, a bf16 pool, a slice that is not one layer: no record mode
-    assert records.for_layer(inter[1], states[2]) is None
-    assert gdn_verify.ReplayRecords().for_layer(inter.bfloat16()[0], states[0]) is None
-    assert gdn_verify.ReplayRecords().for_layer(inter[0, :2], states[0, :2]) is None
-    # a buffer that is no view: a pool of one layer
-    alone = gdn_verify.ReplayRecords()
-    assert alone.for_layer(inter[0].clone(), states[0].clone())[0].shape == (4, 5, 2, 16)
-
-
-def test_the_record_mode_routes_ddtree_trees_and_invalidates_when_sglang_stores(monkeypatch):
-    import torch
-
-    from sglang_ddtree.sglang import _triton_gdn, gdn_verify
-
-    ours = []
-    monkeypatch.setattr(_triton_gdn, "gdn_tree_verify", lambda *a, **k: ours.append(k) or "ours")
-    monkeypatch.setattr(gdn_verify, "_ddtree_here", True)
-    monkeypatch.setattr(gdn_verify, "RECORDS", gdn_verify.ReplayRecords())
-    monkeypatch.setattr(gdn_verify, "DEVICES", {"cpu"})
-    theirs = []
-    hook = gdn_verify.make_hook(False, replay=True)
-    inter, states = torch.zeros(2, 3, 17, 4, 16, 16), torch.zeros(2, 4, 4, 16, 16)
-    call = dict(_call(), q=torch.zeros(1, 34, 2, 16), ssm_states=states[1], intermediate_states_buffer=inter[1])
-    assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "ours"
-    meta = gdn_verify.RECORDS.groups[inter.data_ptr()]["meta"]
-    assert ours[0]["record_meta"].data_ptr() == meta[1].data_ptr() and ours[0]["records"].shape == (3, 17, 4, 34)
-    assert ours[0]["record_rows"].shape == (gdn_verify.MAX_VERIFY_REQUESTS,)
-    meta.fill_(1)  # as the kernel leaves it
-    monkeypatch.setattr(gdn_verify, "_ddtree_here", False)  # a tree SGLang's kernel stores: nothing to replay
-    assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **call) == "sglang"
-    assert int(meta.sum()) == 0 and len(theirs) == 1
-    monkeypatch.setattr(gdn_verify, "_ddtree_here", True)
-    bf16 = dict(call, intermediate_states_buffer=inter.bfloat16()[0], ssm_states=states[0])
-    assert hook(lambda *a, **k: theirs.append(k) or "sglang", "kernel", **bf16) == "sglang"
-    assert len(ours) == 1 and len(theirs) == 2
-
-
-def test_no_record_mode_no_replay():
-    from sglang_ddtree.sglang import gdn_verify
-
-    saved = gdn_verify.RECORDS
-    try:
-        gdn_verify.RECORDS = gdn_verify.ReplayRecords()
-        assert gdn_verify.replay_before_commit(None, None, None) == 0  # nothing recorded: SGLang's commit alone
-    finally:
-        gdn_verify.RECORDS = saved
-
-
 @pytest.mark.parametrize(("version", "reciprocal"), [("0.5.17", False), ("0.5.21", False), ("0.5.22", True),
                                                      ("0.5.23.post1", True), (None, False)])
 def test_the_norm_formula_follows_the_sglang_release(version, reciprocal):
@@ -601,6 +372,24 @@ def _graph_ms(fn, repeats=50):
     return start.elapsed_time(end) / repeats
 
 
+def test_the_kernel_compiles_for_hopper():
+    """Compiled for sm_90 on this machine (no GPU): the interpreted tests above never type-check the compiled
+    language (its control flow in particular)."""
+    from ddtree_testlib import compile_for_sm90
+
+    from sglang_ddtree.sglang import _triton_gdn
+
+    ptx = compile_for_sm90(_triton_gdn._tree_gated_delta_kernel, {
+        **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")},
+        **{n: "*fp32" for n in ("a_log_ptr", "dt_bias_ptr", "h0_ptr", "buf_ptr")},
+        **{n: "*i64" for n in ("h0_idx_ptr", "buf_idx_ptr")},
+        **{n: "*i32" for n in ("parent_ptr", "cu_ptr")},
+        **{n: "fp32" for n in ("scale", "softplus_beta", "softplus_threshold")},
+    }, {"H": 16, "HV": 48, "K": 128, "V": 128, "BK": 128, "BV": 4, "RECIPROCAL_NORM": False,
+        "ROUND_KEPT_STATE": False})
+    assert ".entry _tree_gated_delta_kernel" in ptx
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("block_v", [None, 4, 32], ids=["tile-default", "tile-4", "tile-32"])
 @pytest.mark.parametrize("tree", ["ddtree", "chain"])
@@ -630,59 +419,5 @@ def test_cuda_matches_sglang_at_qwen36_27b_widths_and_times_both(device, tree, b
 
 if __name__ == "__main__":  # the interpreted run (TRITON_INTERPRET=1), started by the ``interpreted`` fixture
     sys.path.insert(0, str(HERE.parents[1] / "src"))
-    for case_name, case_detail in (*interpreted_cases(), *record_replay_cases()):
+    for case_name, case_detail in interpreted_cases():
         print(json.dumps({"case": case_name, "detail": case_detail}), flush=True)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tree", ["ddtree", "chain"])
-def test_cuda_record_mode_and_replay_match_sglang_at_qwen36_27b_widths_and_time_them(device, tree):
-    """The record mode (no per-node state stored) and the commit's replay, compiled, at Qwen3.6-27B's widths, batch
-    32 x 17 nodes, fp32 states: outputs and the replayed states (the last node of every request, a tracked node of
-    every other one) bit for bit those of SGLang's kernel; GPU times (graph replays) of SGLang's tree verify, the
-    plugin's store mode, its record mode, and the replay of one layer printed."""
-    import torch
-
-    from sglang_ddtree.sglang._triton_gdn import gdn_tree_replay, record_width
-
-    parents = GPU_TREE if tree == "ddtree" else [0, *range(16)]
-    call = make_inputs(16, 48, 128, 128, "bfloat16", "float32", (17,) * 32, device=device, trees={17: parents})
-    call["intermediate_state_indices"] = torch.arange(32, device=device)
-    reference = sglang_reference()
-    theirs_call = with_fresh_buffers(call)
-    theirs = run_sglang(reference, theirs_call)
-    inter = call["intermediate_states_buffer"].clone().unsqueeze(0)
-    noise = inter.clone()
-    records = torch.empty((*inter.shape[:-2], record_width(128, 128)), device=device)
-    meta = torch.zeros((*inter.shape[:-4], 2), dtype=torch.int32, device=device)
-    record_call = dict(call, intermediate_states_buffer=inter[0])
-    rows = torch.full((32,), -1, dtype=torch.int32, device=device)
-    ours = run_ours(record_call, records=records[0], record_meta=meta[0], record_rows=rows)
-    path = torch.tensor(tree_path(parents, 16), device=device)
-    accept = path.expand(32, -1).contiguous()
-    path_len = torch.full((32,), path.numel() - 1, device=device)
-    last = torch.full((32,), 16, device=device)
-    track = torch.where(torch.arange(32, device=device) % 2 == 0, path[path.numel() // 2], -1)
-    gdn_tree_replay(records, meta, rows, call["ssm_states"].unsqueeze(0), inter, accept, path_len, last, track)
-    torch.cuda.synchronize()
-    expected = noise.clone()
-    expected[0, :, 16] = theirs_call["intermediate_states_buffer"][:32, 16]
-    even = torch.arange(0, 32, 2, device=device)
-    node = int(path[path.numel() // 2])
-    expected[0, even, node] = theirs_call["intermediate_states_buffer"][even, node]
-    problems = [] if torch.equal(ours, theirs) else ["outputs differ"]
-    if not torch.equal(inter, expected):
-        problems.append("replayed states differ")
-    norm = reciprocal_norm()
-    store_call = with_fresh_buffers(call)
-    sglang_ms = _graph_ms(lambda: run_sglang(reference, theirs_call))
-    store_ms = _graph_ms(lambda: run_ours(store_call, reciprocal_norm=norm))
-    record_ms = _graph_ms(lambda: run_ours(record_call, records=records[0], record_meta=meta[0], record_rows=rows,
-                                           reciprocal_norm=norm))
-    replay_ms = _graph_ms(lambda: gdn_tree_replay(records, meta, rows, call["ssm_states"].unsqueeze(0), inter,
-                                                  accept, path_len, last, track))
-    print(f"\nGDN tree verify ({tree}, batch 32 x 17, HV 48, K=V 128, fp32 states) on {torch.cuda.get_device_name()}: "
-          f"SGLang {sglang_ms * 1e3:.1f} us, plugin store {store_ms * 1e3:.1f} us, record {record_ms * 1e3:.1f} us "
-          f"+ replay {replay_ms * 1e3:.1f} us ({(record_ms + replay_ms) / sglang_ms:.3f}x SGLang's); "
-          f"{'bit for bit' if not problems else '; '.join(problems)}")
-    assert not problems, problems

@@ -234,30 +234,6 @@ def test_mamba_commit_passes_the_last_accepted_node_index():
     assert call["mamba_steps_to_track"] is None and call["req_pool_indices"].tolist() == [4, 2]
 
 
-def test_mamba_commit_rebuilds_the_record_modes_states_before_sglangs_commit_reads_them(monkeypatch):
-    """SGLANG_DDTREE_OWN_GDN=replay stores no per-node state: the worker's commit first replays the accepted paths
-    (gdn_verify.replay_before_commit, the path, its length, the last node and the tracked one), then calls SGLang's
-    commit, which reads them."""
-    from sglang_ddtree.sglang import worker as worker_module
-
-    worker, backend = _worker()
-    order = []
-    monkeypatch.setattr(worker_module, "replay_before_commit",
-                        lambda *args: order.append(("replay", [a if a is None else a.tolist() for a in args])))
-    backend_update = backend.update_mamba_state_after_mtp_verify
-    monkeypatch.setattr(backend, "update_mamba_state_after_mtp_verify",
-                        lambda **kw: order.append(("sglang", kw["last_correct_step_indices"].tolist())) or
-                        backend_update(**kw))
-    batch = SimpleNamespace(mamba_track_indices=torch.tensor([7, 9]), req_pool_indices=torch.tensor([4, 2]))
-    accept_index = torch.tensor([[0, 2, 3, 5, -1], [0, 1, -1, -1, -1]])
-    worker._ddtree_mamba_commit(batch, accept_index, torch.tensor([3, 1]), torch.tensor([6, 10]), 8)
-    replay, sglang = order
-    assert replay[0] == "replay" and sglang == ("sglang", [5, 1])
-    path, path_len, last, track = replay[1]
-    assert path == accept_index.tolist() and path_len == [3, 1] and last == [5, 1]
-    assert track == [2, -1]  # request 0 (6 tokens, 4 committed) reaches 8 at path position 1: node 2
-
-
 def test_mamba_commit_after_a_graph_replay_goes_through_the_replaying_runners_backend():
     """A narrower hybrid width replays with a backend of its own (auto_budget.hybrid_width_backend), whose metadata
     holds this step's state slots: the commit must use it, and the model runner's after an eager verify."""

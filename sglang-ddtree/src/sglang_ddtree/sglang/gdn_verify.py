@@ -13,17 +13,12 @@ fp32 states: bit for bit SGLang's on the GPU (batch 32 x 17 tokens). In a 20-lay
 - DFLASH's chain verify in SGLang's kernel took 9.49 ms (16 tokens a request against 17);
 - SGLang's kernel in tree mode took 10.70 ms in an earlier run on an H100 (12-06b), in another engine start;
 - DDTREE's step was 1.054x DFLASH's, against 1.051x then.
-The stand-alone timing of that run (1.1-2.1 ms a call against SGLang's 0.66-0.87 ms) launched both kernels eagerly.
-The plugin's launcher looked up SGLang's version on every call, so that timing was most likely host time, not GPU
-time. The test now replays CUDA graphs. The deciding measurement is the same engine with and without the opt-in
-(``step_cost.py --ab own-gdn:SGLANG_DDTREE_OWN_GDN=1``).
-
-Two modes (``SGLANG_DDTREE_OWN_GDN``): ``1`` stores every node's state as SGLang's kernel does (the store mode);
-``replay`` (the record mode) stores none, only each node's inputs to the update (``ReplayRecords``), and the DDTREE
-worker's commit calls :func:`replay_before_commit` to rebuild the two states SGLang's commit reads (the last
-accepted node's, the tracked node's) before it reads them. A step where SGLang's kernel verified a tree (another
-algorithm's, or buffers the record mode does not take: one WARNING line) forgets the records, so the commit never
-replays what was not recorded. The record mode needs an fp32 ``intermediate_ssm`` and is not measured on a GPU yet.
+On 2026-12-07 (H100) the CUDA test timed both kernels as CUDA-graph replays at batch 32 x 17: tree 858.7 against
+SGLang's 864.8 us, chain 652.5 against 655.6 us, bit for bit. So the plugin's kernel is as fast as SGLang's, not
+faster. A record mode, which stored each node's update inputs instead of its state and replayed the accepted path
+before the commit, was tried and removed. At batch 32 its verify and replay took 12.51 ms a step against SGLang's
+10.80. Its tokens also left the default engine's, so it was not bit for bit there
+(bench/results/step-cost-h100-2026-12-07.md).
 
 Installed once at start-up by ``hooks.register_hooks`` (``register_gdn_hook``) when opted in, and only when the
 installed SGLang's method has exactly the signature this hook was written against (SGLang 0.5.17 to 0.5.23 all have
@@ -56,118 +51,16 @@ _POSITIONAL = tuple(name for name, kind in EXPECTED_PARAMETERS[1:] if kind is _P
 #: Devices the plugin's kernel is launched on (the interpreted tests add "cpu").
 DEVICES = {"cuda"}
 
-__all__ = ["ENV", "EXPECTED_PARAMETERS", "RECORDS", "TARGET", "enabled", "install_problem", "make_hook", "mode",
-           "register_gdn_hook", "replay_before_commit", "signature_problem"]
+__all__ = ["ENV", "EXPECTED_PARAMETERS", "TARGET", "enabled", "install_problem", "make_hook", "register_gdn_hook",
+           "signature_problem"]
 
 _ddtree_here: bool | None = None
 
 
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """``SGLANG_DDTREE_OWN_GDN``: "replay" (replay), "store" (1, true, yes, on, plugin) or "sglang" (unset or
-    anything else: SGLang's kernel, the default; see the module docstring)."""
-    value = environ.get(ENV, "").strip().lower()
-    if value == "replay":
-        return "replay"
-    return "store" if value in ("1", "true", "yes", "on", "plugin") else "sglang"
-
-
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """True when ``SGLANG_DDTREE_OWN_GDN`` asks for the plugin's kernel (either mode)."""
-    return mode(environ) != "sglang"
-
-
-def _layer_of(view: Any, base: Any) -> int | None:
-    """``l`` when ``view`` is ``base[l]`` (same dtype, shape and strides past the first axis), else None."""
-    if base is None or base.dim() != view.dim() + 1 or base.dtype != view.dtype:
-        return None
-    if tuple(base.shape[1:]) != tuple(view.shape) or tuple(base.stride()[1:]) != tuple(view.stride()):
-        return None
-    offset, step = view.data_ptr() - base.data_ptr(), base.stride(0) * base.element_size()
-    if offset < 0 or offset % step or offset // step >= base.shape[0]:
-        return None
-    return offset // step
-
-
-#: Requests of one verify the record mode takes (the row table's length; SGLang pads a graph's batch past its state
-#: pool, onto the pool's padding row, so the pool's row count is no bound).
-MAX_VERIFY_REQUESTS = 4096
-
-
-class ReplayRecords:
-    """The record mode's buffers, one group per pool of intermediate states (SGLang's ``intermediate_ssm``, all
-    layers ``[L, rows, steps, HV, V, K]``, of which each layer's verify gets the view ``[l]``): the records
-    ``[L, rows, steps, HV, K + V + 2]`` fp32, ``[L, rows, 2]`` int32 (set, initial-state slot) and each request's
-    row (``[MAX_VERIFY_REQUESTS]`` int32, shared by the layers), allocated at the
-    first verify of the pool (outside a CUDA graph capture: SGLang's capture runs each width eagerly first). Memory:
-    ``(K + V + 2) / (V * K)`` of the intermediate pool, 1.6% at K = V = 128."""
-
-    def __init__(self) -> None:
-        self.groups: dict[int, dict[str, Any]] = {}  # intermediate pool's data_ptr -> its tensors
-        self.layers: dict[tuple[int, int], tuple[dict[str, Any], int] | None] = {}  # (view ptrs) -> (group, l)
-
-    def for_layer(self, intermediate: Any, states: Any) -> tuple[Any, Any, Any] | None:
-        """(records[l], meta[l], rows) for this layer's verify, or None when its buffers are not layer views of one
-        fp32 intermediate pool and one state pool (or when a first allocation would fall in a graph capture)."""
-        import torch
-
-        key = (intermediate.data_ptr(), states.data_ptr())
-        if key not in self.layers:
-            pool = intermediate._base if intermediate._base is not None else intermediate.unsqueeze(0)
-            state_pool = states._base if states._base is not None else states.unsqueeze(0)
-            layer = _layer_of(intermediate, pool)
-            if layer is None or layer != _layer_of(states, state_pool) or pool.dtype != torch.float32:
-                self.layers[key] = None
-                return None
-            group = self.groups.get(pool.data_ptr())
-            if group is None:
-                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                    return None
-                from ._triton_gdn import record_width
-
-                try:
-                    group = {"pool": pool, "states": state_pool, "meta": torch.zeros(
-                        (*pool.shape[:2], 2), dtype=torch.int32, device=pool.device), "records": torch.empty(
-                        (*pool.shape[:4], record_width(pool.shape[-1], pool.shape[-2])), dtype=torch.float32,
-                        device=pool.device), "rows": torch.full(
-                        (max(pool.shape[1], MAX_VERIFY_REQUESTS),), -1, dtype=torch.int32, device=pool.device)}
-                except torch.cuda.OutOfMemoryError:
-                    logger.warning("DDTREE GatedDeltaNet record mode: no GPU memory for its records (%s of the "
-                                   "intermediate pool's): SGLang's kernel", "1.6%")
-                    self.layers[key] = None
-                    return None
-                self.groups[pool.data_ptr()] = group
-            self.layers[key] = (group, layer)
-        found = self.layers[key]
-        if found is None:
-            return None
-        group, layer = found
-        return group["records"][layer], group["meta"][layer], group["rows"]
-
-    def invalidate(self) -> None:
-        """Forget every recorded row (SGLang's kernel stored this step's states: the commit must not replay)."""
-        for group in self.groups.values():
-            group["meta"].zero_()
-
-
-#: This process's record-mode buffers (the hook writes them, the DDTREE worker's commit replays them).
-RECORDS = ReplayRecords()
-
-
-def replay_before_commit(path: Any, path_len: Any, last: Any, track: Any = None) -> int:
-    """Before SGLang's ``update_mamba_state_after_mtp_verify``: rebuild, in every recorded pool, the states the
-    commit reads (``_triton_gdn.gdn_tree_replay``), then forget the records. Returns the launches (0: no record
-    mode in this process)."""
-    if not RECORDS.groups:
-        return 0
-    from ._triton_gdn import gdn_tree_replay
-
-    launches = 0
-    for group in RECORDS.groups.values():
-        gdn_tree_replay(group["records"], group["meta"], group["rows"], group["states"], group["pool"], path, path_len,
-                        last, track)
-        group["meta"].zero_()
-        launches += 2
-    return launches
+    """True when ``SGLANG_DDTREE_OWN_GDN`` asks for the plugin's kernel (1, true, yes, on, plugin); unset or anything
+    else keeps SGLang's (the default: see the module docstring)."""
+    return environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on", "plugin")
 
 
 def signature_problem(method: Callable[..., Any]) -> str | None:
@@ -239,39 +132,27 @@ def _routed_problem(call: Mapping[str, Any]) -> str | None:
     return None
 
 
-def make_hook(reciprocal_norm: bool, replay: bool = False) -> Callable[..., Any]:
+def make_hook(reciprocal_norm: bool) -> Callable[..., Any]:
     """The AROUND hook of ``TritonGDNKernel.target_verify``; ``reciprocal_norm``: ``versions.gdn_reciprocal_norm``
-    of the installed SGLang (decided once, at start-up); ``replay``: the record mode (``RECORDS``), else the store
-    mode."""
+    of the installed SGLang (decided once, at start-up)."""
     from ._triton_gdn import gdn_tree_verify
 
-    announced, refused = [], []
+    announced = []
 
     def gdn_tree_verify_hook(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
         call = dict(zip(_POSITIONAL, args, strict=False))
         call.update(kwargs)
-        routed = _routed_problem(call) is None and ddtree_in_play()
-        recorded = RECORDS.for_layer(call["intermediate_states_buffer"], call["ssm_states"]) if routed and replay \
-            else None
-        if not routed or (replay and recorded is None):
-            if routed and not refused:
-                refused.append(True)
-                logger.warning("DDTREE GatedDeltaNet tree verify: no record mode (%s=replay) for these buffers "
-                               "(not layer views of one fp32 intermediate pool): SGLang's kernel", ENV)
-            if replay and call.get("retrieve_parent_token") is not None:
-                RECORDS.invalidate()  # SGLang's kernel stores this step's states: the commit must not replay
+        if _routed_problem(call) is not None or not ddtree_in_play():
             return original(kernel, *args, **kwargs)
         if not announced:
             announced.append(True)
-            logger.info("DDTREE GatedDeltaNet tree verify: the plugin's kernel, %s mode (%s=0 keeps SGLang's)",
-                        "record" if replay else "store", ENV)
-        extra = {} if recorded is None else dict(zip(("records", "record_meta", "record_rows"), recorded, strict=True))
+            logger.info("DDTREE GatedDeltaNet tree verify: the plugin's kernel (%s=0 keeps SGLang's)", ENV)
         return gdn_tree_verify(
             call["A_log"], call["dt_bias"], call["q"], call["k"], call["v"], call["a"], call["b"],
             initial_states=call["ssm_states"], initial_state_indices=call["cache_indices"],
             cu_seqlens=call["query_start_loc"], intermediate_states=call["intermediate_states_buffer"],
             intermediate_state_indices=call["intermediate_state_indices"],
-            parents=call["retrieve_parent_token"], reciprocal_norm=reciprocal_norm, **extra)
+            parents=call["retrieve_parent_token"], reciprocal_norm=reciprocal_norm)
 
     return gdn_tree_verify_hook
 
@@ -288,6 +169,5 @@ def register_gdn_hook() -> list[str]:
 
     from .versions import gdn_reciprocal_norm, installed_sglang_version
 
-    hook = make_hook(gdn_reciprocal_norm(installed_sglang_version()), replay=mode() == "replay")
-    HookRegistry.register(TARGET, hook, HookType.AROUND)
+    HookRegistry.register(TARGET, make_hook(gdn_reciprocal_norm(installed_sglang_version())), HookType.AROUND)
     return [TARGET]

@@ -22,7 +22,7 @@ every other algorithm) behaves exactly as without the plugin.
   ``/get_server_info``'s ``internal_states[i]`` gain ``ddtree_budget``, the worker's budget policy and how many
   tree rounds verified each budget so far (``DDTreeWorker.ddtree_budget_state``), as SGLang's own DSpark adds its
   ``dspark_info_record`` there.
-* ``TritonGDNKernel.target_verify`` (opt-in, ``SGLANG_DDTREE_OWN_GDN=1`` or ``replay``; as correct without it): a
+* ``TritonGDNKernel.target_verify`` (opt-in, ``SGLANG_DDTREE_OWN_GDN=1``; DDTREE is as correct without it): a
   DDTREE tree verify of a GatedDeltaNet layer runs the plugin's kernel (``gdn_verify.py``; installed only where
   the method's signature is the one it was written for).
 

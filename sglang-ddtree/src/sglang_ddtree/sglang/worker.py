@@ -52,7 +52,6 @@ from ..verify import greedy_walk, sample_tokens
 from . import testing
 from .commit import CommitPlan, commit_plan, tree_mamba_commit_indices
 from .draft_head import DraftCaptured, TreeDraftHead
-from .gdn_verify import replay_before_commit
 from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
 from .tp_topk import resolve_tp_group, sharded_candidates
 from .verify_input import build_verify_arrays, mask_numel
@@ -549,9 +548,6 @@ class DDTreeWorker(DFlashWorkerV2):
         last, steps_to_track = tree_mamba_commit_indices(
             accept_index, accept_len, seq_lens_pre_verify, track_interval if tracking else None, last
         )
-        # the record mode of the plugin's GatedDeltaNet kernel (SGLANG_DDTREE_OWN_GDN=replay) stored no state:
-        # rebuild the two SGLang's commit reads (last node, tracked node) first
-        replay_before_commit(accept_index, accept_len, last, steps_to_track)
         attn_backend.update_mamba_state_after_mtp_verify(
             last_correct_step_indices=last,
             mamba_track_indices=getattr(batch, "mamba_track_indices", None),
