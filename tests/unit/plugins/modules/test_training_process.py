@@ -320,7 +320,10 @@ def test_restarted_worker_joins_the_tree_and_is_halted(fake_run):
     assert late in result["pids"]
     assert late in {s["pid"] for s in result["signals_sent"]}
     assert not still_ours(late, run.token)
-    assert run.launcher_pid in signals(result, "SIGKILL")
+    # The launcher ignores SIGTERM. SIGKILL ends it, or it exits by itself once its restarted worker died of SIGTERM
+    # (which the worker ignores until its interpreter resets the disposition it inherits): a race, so only the
+    # outcome is asserted, nothing of the run left (the escalation itself: test_halt_escalates_records_signals_...).
+    assert run.launcher_pid in got_first_signal(result)
     assert run.running() == []
 
 
