@@ -35,7 +35,8 @@
 #                     bench/gpu/shapes.py's config-only Qwen3-8B and Qwen3.6-27B hybrid shapes (COST_REPEATS, 5;
 #                     COST_BUDGETS, 16; COST_ALGOS; COST_BATCHES (tiny); HYBRID_LAYERS, 40 on a GPU of 130 GB or
 #                     more, else 20; CONTEXTS and CONTEXT_BATCHES (context), 32768=1,8; the context step's COST_ALGOS
-#                     default is DFLASH,DDTREE). COST_AB=1: cost-8b also
+#                     default is DFLASH,DDTREE; COST_BUDGETS=15,16 on cost-hybrid also times the tree exactly as
+#                     wide as the block-16 chain's verify, 16 tokens). COST_AB=1: cost-8b also
 #                     times SGLang's own verify attention; COST_AB_TREE=1: cost-8b and cost-tiny also the tree built
 #                     after the drafter pass; COST_AB_ARGS: more step_cost.py arguments (cost-8b, cost-hybrid,
 #                     cost-tiny, cost-pair), e.g. "--ab own-gdn:SGLANG_DDTREE_OWN_GDN=1" on cost-hybrid: DDTREE
@@ -198,8 +199,8 @@ run_step() {
     cost-hybrid) step cost-hybrid bash -c "python3 bench/gpu/shapes.py qwen36-27b-hybrid-shape '$STATE/shape-hybrid' \
           --layers ${HYBRID_LAYERS:-$(hybrid_layers)} &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-hybrid' --work '$STATE/cost-hybrid' \
-          --label qwen36-27b-hybrid-shape --contexts 128 --algos ${COST_ALGOS:-none,DFLASH,DDTREE} \
-          --repeats ${COST_REPEATS:-5} ${COST_AB_ARGS:-}" ;;
+          --label qwen36-27b-hybrid-shape --contexts 128 --budgets ${COST_BUDGETS:-16} \
+          --algos ${COST_ALGOS:-none,DFLASH,DDTREE} --repeats ${COST_REPEATS:-5} ${COST_AB_ARGS:-}" ;;
     cost-8b-context) step cost-8b-context bash -c "python3 bench/gpu/shapes.py qwen3-8b-shape '$STATE/shape-8b' &&
         python3 bench/gpu/step_cost.py --models '$STATE/shape-8b' --work '$STATE/cost-8b-context' \
           --label qwen3-8b-shape --contexts ${CONTEXTS:-1024,8192,32768} --context-batches '${CONTEXT_BATCHES:-32768=1,8}' --algos ${COST_ALGOS:-DFLASH,DDTREE} \
