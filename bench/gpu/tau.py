@@ -23,14 +23,14 @@ from sglang_ddtree.budget import least_widest_budget
 
 #: The engines, in the order they run: auto (with its held candidates) first, so that a call cut short still
 #: compares it with every budget in its own engine.
-CONFIGS = [("DDTREE", "auto"), ("none", 0), ("DFLASH", 0), ("DDTREE", "auto-period"), ("DDTREE", 16),
+CONFIGS = [("DDTREE", "auto"), ("none", 0), ("DFLASH", 0), ("DDTREE", "auto-events"), ("DDTREE", 16),
            ("DDTREE", 8), ("DDTREE", 32), ("DDTREE", 4)]
 #: DDTREE "auto" (issue 24): SGLANG_DDTREE_BUDGET=auto on a server whose widest budget is this (candidates: the
 #: chain, 4, 8, 16, 32), its choices written by the worker to the stats file (sglang_ddtree.sglang.auto_budget);
-#: "auto-period" the same with the step costs read by the period clock (SGLANG_DDTREE_STEP_CLOCK=period)
+#: "auto-events" the same with the step costs read by CUDA events around each round (SGLANG_DDTREE_STEP_CLOCK=events)
 AUTO_WIDEST = 32
-AUTO_ENV = {"auto": {}, "auto-period": {"SGLANG_DDTREE_STEP_CLOCK": "period"}}
-#: The auto engine (events clock, the default) also times each of its candidates held fixed (the plugin's test-only
+AUTO_ENV = {"auto": {}, "auto-events": {"SGLANG_DDTREE_STEP_CLOCK": "events"}}
+#: The auto engine (period clock, the default) also times each of its candidates held fixed (the plugin's test-only
 #: SGLANG_DDTREE_TEST_BUDGET), so that auto's choice is compared with every fixed budget in one engine, its graphs
 #: and its process: engine starts differ by more than the budgets do on the host-bound tiny pair (12-06b).
 FORCED_IN = {"auto": "chain,4,8,16,32"}
@@ -40,7 +40,7 @@ FORCED_NEED_S = 240
 
 
 def config_name(method: str, budget) -> str:
-    """How ``--configs`` names an engine of CONFIGS: none, DFLASH, auto, auto-period or the DDTREE budget."""
+    """How ``--configs`` names an engine of CONFIGS: none, DFLASH, auto, auto-events or the DDTREE budget."""
     return method if method in ("none", "DFLASH") else str(budget)
 
 
@@ -205,9 +205,16 @@ def clock_rows(rows: list[dict]) -> list[dict]:
     """What each auto run's clock measured per candidate beside the wall time a round of that candidate took in its
     own fixed engine (``ms_per_round``, same batch and temperature): a clock that ranks the candidates unlike the
     wall time makes auto choose unlike the best fixed method. One row per auto run, batch and temperature; the
-    auto run's ``step_ms`` of the batch's bucket (``b<=1``, ``b<=8``, ``b<=32``: every temperature together)."""
+    auto run's ``step_ms`` of the batch's bucket (``b<=1``, ``b<=8``, ``b<=32``: every temperature together), and
+    ``held_ms_per_round``: the wall time a round took with the auto engine held at each candidate (FORCED_IN), the
+    same process and graphs (12-07: the events clock put budget 32 at 4.0 ms and 16 at 2.8 at batch 32 while their
+    held rounds took 6.45 and 6.46 ms)."""
     # named as the auto budget's stats name its candidates
     wall = fixed_cells(rows, "ms_per_round", lambda method, budget: "chain" if method == "dflash" else str(budget))
+    held: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r["method"] == "ddtree-in-auto" and r.get("ms_per_round") is not None:
+            held.setdefault((r["temperature"], r["batch"]), {})[str(r["budget"])] = r["ms_per_round"]
     out = []
     for r in rows:
         if r["method"] != "ddtree-auto":
@@ -216,7 +223,8 @@ def clock_rows(rows: list[dict]) -> list[dict]:
         measured = (r.get("step_ms") or {}).get(bucket) or {}
         out.append({"auto": r["budget"], "clock": r.get("clock"), "temperature": r["temperature"],
                     "batch": r["batch"], "bucket": bucket, "measured_ms": measured,
-                    "wall_ms_per_round": wall.get((r["temperature"], r["batch"]), {})})
+                    "wall_ms_per_round": wall.get((r["temperature"], r["batch"]), {}),
+                    "held_ms_per_round": held.get((r["temperature"], r["batch"]), {})})
     return out
 
 
@@ -257,7 +265,7 @@ def main() -> int:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--configs", type=config_names, default=None,
                     help="a subset of the engines, comma-separated, run in the table's order: none, DFLASH, auto, "
-                         "auto-period or a DDTREE budget (4, 8, 16, 32); default all. The auto engine times its "
+                         "auto-events or a DDTREE budget (4, 8, 16, 32); default all. The auto engine times its "
                          "candidates held fixed, so none,DFLASH,auto compares auto with every budget in one engine")
     ap.add_argument("--new-tokens", type=int, default=0,
                     help="new tokens per request (default: the reference evaluation's, from the pair's train_log)")

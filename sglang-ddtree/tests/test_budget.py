@@ -10,6 +10,7 @@ import torch
 
 from sglang_ddtree.budget import (
     CHAIN,
+    PERIOD_CLOCK_COSTS,
     Calibration,
     OnlineStepCost,
     StepCostTable,
@@ -580,17 +581,19 @@ SIM_COST_MS = {1: (6.74, 6.8, 6.92, 7.1, 7.6), 8: (8.17, 7.9, 8.24, 9.14, 11.0),
 SIM_SLOWER = {0: 1.0, 1: 1.3}
 
 
-def _simulate(batch: int, policy, seed: int, steps: int = 3000) -> dict[int, float]:
+def _simulate(batch: int, policy, seed: int, steps: int = 3000, period: bool = False) -> dict[int, float]:
     """Tokens per ms of ``policy`` (a candidate, or an OnlineStepCost choosing every step) over ``steps`` greedy
     rounds then ``steps`` sampled ones. Every round draws, from one seeded stream whatever the policy: how sure the
     drafter is (a log-normal factor on every candidate's expectation, sigma 0.35, handed to the choice), the
-    acceptance's own noise (20%), the step's timing jitter (5%) and, once in 500 steps, a 20x slow step."""
+    acceptance's own noise (20%), the step's timing jitter (5%) and, once in 500 steps, a 20x slow step.
+    ``period``: as the period clock, a round is priced only when the round before it verified the same candidate."""
     import random
 
     rng = random.Random(seed)
     rates = {}
     for regime in (0, 1):
         tokens = ms = 0.0
+        previous = None
         for _ in range(steps):
             sure, jitter = math.exp(rng.gauss(0, 0.35)), math.exp(rng.gauss(0, 0.05))
             slow = 20.0 if rng.random() < 0.002 else 1.0
@@ -601,28 +604,33 @@ def _simulate(batch: int, policy, seed: int, steps: int = 3000) -> dict[int, flo
             tag = policy.last_tag if auto else None
             i = SIM_CANDIDATES.index(candidate)
             step_ms = SIM_COST_MS[batch][i] * SIM_SLOWER[regime] * jitter * slow
-            if auto:
+            if auto and (not period or previous == candidate):
                 policy.record(candidate, batch, step_ms, tag)
+            previous = candidate
             tokens += batch * (SIM_EXPECTED[regime][i] * sure * luck + 1)
             ms += step_ms
         rates[regime] = tokens / ms
     return rates
 
 
+@pytest.mark.parametrize("clock", ["period", "events"])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("batch", [1, 8, 32])
-def test_closed_loop_the_online_choice_is_within_2_percent_of_the_best_fixed_budget(batch, seed):
+def test_closed_loop_the_online_choice_is_within_2_percent_of_the_best_fixed_budget(batch, seed, clock):
     """Issue 24's goal, in simulation: auto's tokens per second at least 0.98x the best fixed candidate's, greedy and
     sampled, while exploring, re-measuring and following the change of load between them. The best fixed candidate
-    differs by batch and temperature here (32, 16, 8 greedy; 16, 8, 4 sampled), so no single budget passes."""
+    differs by batch and temperature here (32, 16, 8 greedy; 16, 8, 4 sampled), so no single budget passes. Both
+    clocks' settings: the period clock (the default) prices no round that follows another candidate's."""
     fixed = {c: _simulate(batch, c, seed) for c in SIM_CANDIDATES}
     best = {regime: max(SIM_CANDIDATES, key=lambda c, r=regime: fixed[c][r]) for regime in (0, 1)}
     assert best == {1: {0: 32, 1: 16}, 8: {0: 16, 1: 8}, 32: {0: 8, 1: 4}}[batch]
-    costs = OnlineStepCost(SIM_CANDIDATES)
-    auto = _simulate(batch, costs, seed)
+    costs = OnlineStepCost(SIM_CANDIDATES, **(PERIOD_CLOCK_COSTS if clock == "period" else {}))
+    auto = _simulate(batch, costs, seed, period=clock == "period")
     for regime in (0, 1):
         assert auto[regime] >= 0.98 * fixed[best[regime]][regime], (regime, auto, fixed)
-    assert costs.sweeps[costs.bucket(batch)] <= 8  # 2 x 3000 steps: the refreshes backed off
+    # 2 x 3000 steps, a sweep every 256 without the back-off (23); the period clock's two samples a burst move the
+    # ratios past the 10% "stable" bound more often (5-10 sweeps over these seeds, the events settings 5-6)
+    assert costs.sweeps[costs.bucket(batch)] <= 10
 
 
 def test_a_stable_refresh_backs_off_and_a_moved_one_comes_back():

@@ -59,6 +59,7 @@ __all__ = [
     "AUTO_BUDGETS",
     "BUDGET_ENV",
     "CHAIN",
+    "PERIOD_CLOCK_COSTS",
     "Calibration",
     "OnlineStepCost",
     "StepCostTable",
@@ -85,6 +86,9 @@ CHAIN = 0
 BUDGET_ENV = "SGLANG_DDTREE_BUDGET"
 #: The tree budgets ``auto`` offers (those up to the server's widest), besides the chain and the widest itself.
 AUTO_BUDGETS = (4, 8, 16, 32)
+#: :class:`OnlineStepCost`'s settings under the period clock (``sglang/auto_budget.py``), which prices a round only
+#: after another round of the same candidate: one round of each burst gives no sample, so bursts are one longer.
+PERIOD_CLOCK_COSTS = {"min_samples": 4, "refresh_burst": 3, "unsampled_per_burst": 1}
 
 
 def least_widest_budget(block_size: int) -> int:

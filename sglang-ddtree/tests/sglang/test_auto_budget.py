@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from sglang_ddtree.budget import CHAIN, expected_accept_length
-from sglang_ddtree.sglang.auto_budget import SAMPLE_EVERY, AutoBudget, capture_verify_widths, select_width, verify_width
+from sglang_ddtree.sglang.auto_budget import (
+    SAMPLE_EVERY,
+    AutoBudget,
+    _PeriodTimer,
+    capture_verify_widths,
+    select_width,
+    verify_width,
+)
 
 
 class StandInBackend:
@@ -206,7 +213,8 @@ def test_verify_widths():
     assert verify_width(CHAIN, 16) == 16 and verify_width(8, 16) == 9 and verify_width(16, 16) == 17
 
 
-def test_the_summary_line_names_choices_and_measured_costs():
+def test_the_summary_line_names_choices_and_measured_costs(monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "events")  # each round timed on its own (here the host clock)
     ticks = iter([0.0, 0.004, 0.010, 0.016, 0.020])
     auto = AutoBudget((CHAIN, 8), 4, torch.device("cpu"), clock=lambda: next(ticks))
     auto.costs.min_samples = 1
@@ -308,6 +316,7 @@ def tp_rank_main(rank: int, world: int, store: str, out: str, case: dict) -> Non
 
     from ddtree_testlib import sglang_tp_group
 
+    os.environ["SGLANG_DDTREE_STEP_CLOCK"] = "events"  # each round timed on its own: the batch changes every step
     with sglang_tp_group(rank, world, store) as group:
         clock = types.SimpleNamespace(now=0.0)
         auto = AutoBudget((CHAIN, 4, 8, 16), 8, torch.device("cpu"), tp_group=group, clock=lambda: clock.now)
@@ -410,9 +419,12 @@ def test_auto_with_the_period_clock_picks_the_candidate_with_the_most_tokens_per
 
 def test_a_bad_step_clock_is_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "wall")
-    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_STEP_CLOCK='wall': use one of \['events', 'period'\]"):
+    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_STEP_CLOCK='wall': use one of \['period', 'events'\]"):
         AutoBudget((CHAIN, 8), 4, torch.device("cpu"))
     monkeypatch.delenv("SGLANG_DDTREE_STEP_CLOCK")
+    auto = AutoBudget((CHAIN, 8), 4, torch.device("cpu"))  # unset: the wall time of a round (12-07's tau run)
+    assert auto.stats()["clock"] == "period" and isinstance(auto.timer, _PeriodTimer)
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", " Events ")
     assert AutoBudget((CHAIN, 8), 4, torch.device("cpu")).stats()["clock"] == "events"
 
 
@@ -450,6 +462,7 @@ def test_a_test_budget_file_forces_a_candidate_untimed_and_unsampled(monkeypatch
         os.utime(path, ns=(tick, tick))  # a new time for every write: the file system's may be coarser
 
     ticks = iter(range(10_000))
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "events")
     auto = AutoBudget((CHAIN, 4, 8), 4, torch.device("cpu"), clock=lambda: next(ticks) * 1e-3, sample_every=1)
     assert auto.begin_step(1) == CHAIN  # no file: auto's own choice (the first sweep's first step)
     auto.end_step()

@@ -633,6 +633,7 @@ def test_auto_budget_rounds_verify_the_chosen_candidate_at_its_width_with_its_gr
     worker, _ = _worker(block_size=5, budget=8)
     r = _stand_in_round(monkeypatch, worker)
     ticks = iter(range(1000))
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_CLOCK", "events")  # each round timed on its own (here the host clock)
     worker._ddtree_auto = AutoBudget((CHAIN, 3, 8), worker.block_size,
                                      torch.device("cpu"), clock=lambda: next(ticks) * 1e-3, sample_every=1)
     worker._ddtree_auto.costs.min_samples = 1
@@ -781,3 +782,47 @@ def test_glue_warm_up_runs_the_round_pipeline_on_torch():
                               vocab_rows=48, logits_dtype=torch.float32, index_dtype=torch.int64, tp_world=4,
                               mask_dtype=None, backend="torch")
     assert done["widths"] == [9]
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_an_auto_chain_step_is_dflashs_own_round_unless_it_samples_expectations(monkeypatch, sampling):
+    """The auto budget's chain: DFLASH's whole round (its draft, verify and commit, at its cost; the width of its
+    graphs selected), timed as the step; on a step that samples expectations the tree path verifies the chain."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.budget import CHAIN
+
+    worker, _ = _head_worker(monkeypatch)
+    worker._draft_sampler = worker._maybe_build_draft_sampler()
+    block_hidden = torch.randn(2 * worker.block_size, 16)
+    calls = []
+
+    def dflash_round(self, batch, on_publish=None, grammar_barrier=None):
+        self._draft_sampler(block_hidden)
+        chain = self._draft_sampler.out[:8].view(2, 4)  # outside a DDTREE round: the argmax chain
+        calls.append(("dflash", tuple(chain.shape), on_publish, grammar_barrier))
+        return "DFLASH's result"
+
+    worker._ddtree_auto = SimpleNamespace(begin_step=lambda bs, greedy: calls.append("begin") or CHAIN,
+                                          end_step=lambda: calls.append("end"), interrupt=lambda: None,
+                                          sampling=sampling)
+    monkeypatch.setattr(type(worker), "_ddtree_select_width", lambda self, width: calls.append(("width", width)))
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_round)
+    monkeypatch.setattr(type(worker), "_ddtree_round",
+                        lambda self, batch, hidden, on_publish, candidate=None, tree=None:
+                        calls.append(("tree round", candidate)) or "tree result")
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=False,
+                            seq_lens=torch.tensor([3, 4]), sampling_info=SimpleNamespace(is_all_greedy=True))
+    publish = object()
+    if sampling:  # the tree path: DFLASH's round ends at its draft head (its chain read raises DraftCaptured)
+        monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation",
+                            lambda self, batch, on_publish=None, grammar_barrier=None:
+                            self._draft_sampler(block_hidden) or self._draft_sampler.out)
+        assert worker.forward_batch_generation(batch, on_publish=publish) == "tree result"
+        assert calls == ["begin", ("tree round", CHAIN), "end"]
+    else:
+        assert worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier") == \
+            "DFLASH's result"
+        assert calls == ["begin", ("width", worker.block_size), ("dflash", (2, 4), publish, "barrier"), "end"]
+    assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False

@@ -47,8 +47,8 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
         ("DFLASH", 0): constructed_record([(1, 0.0, 2.7, 180.0)]),
         ("DDTREE", "auto"): {**constructed_record([(1, 0.0, 3.4, 230.0)]),
                              "budget_stats": {"budget_histogram": {"chain": 1, "16": 9}}},
-        ("DDTREE", "auto-period"): {**constructed_record([(1, 0.0, 3.3, 250.0)]),
-                                    "budget_stats": {"budget_histogram": {"chain": 2, "16": 8}, "clock": "period"}},
+        ("DDTREE", "auto-events"): {**constructed_record([(1, 0.0, 3.3, 250.0)]),
+                                    "budget_stats": {"budget_histogram": {"chain": 2, "16": 8}, "clock": "events"}},
         ("DDTREE", 4): constructed_record([(8, 0.0, 2.6, 500.0)]),
     }
     log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
@@ -64,9 +64,9 @@ def test_rows_price_every_method_against_no_speculation_and_carry_the_auto_histo
     auto = rows[("ddtree-auto", "auto", 1)]
     assert auto["speedup"] == 2.3 and auto["budget_histogram"] == {"chain": 1, "16": 9}
     assert auto["tau_reference"] is None  # the reference engine has no auto budget
-    period = rows[("ddtree-auto", "auto-period", 1)]  # the same policy, costs from the period clock
-    assert period["speedup"] == 2.5 and period["budget_histogram"] == {"chain": 2, "16": 8}
-    assert period["tau_reference"] is None
+    events = rows[("ddtree-auto", "auto-events", 1)]  # the same policy, costs from CUDA events
+    assert events["speedup"] == 2.5 and events["budget_histogram"] == {"chain": 2, "16": 8}
+    assert events["tau_reference"] is None
     assert rows[("ddtree", 4, 8)]["speedup"] == 1.25 and rows[("ddtree", 4, 8)]["tau_reference"] == 2.6
     assert "budget_histogram" not in rows[("ddtree", 4, 8)]
     # a runner that read the row's own rounds per budget from the server: that, not the whole run's
@@ -84,13 +84,13 @@ def test_the_goal_compares_auto_with_the_best_fixed_method_of_its_cell():
              ("ddtree", 32, 125.0)]
     rows = [_row(m, b, 1, 0.0, v) for m, b, v in fixed]
     rows += [_row(m, b, 8, 0.0, v) for m, b, v in fixed]
-    rows += [_row("ddtree-auto", "auto", 1, 0.0, 123.0), _row("ddtree-auto", "auto-period", 1, 0.0, 121.0),
+    rows += [_row("ddtree-auto", "auto", 1, 0.0, 123.0), _row("ddtree-auto", "auto-events", 1, 0.0, 121.0),
              _row("ddtree-auto", "auto", 8, 0.0, 120.0)]
     goals = {(g["auto"], g["batch"]): g for g in tau.goal_rows(rows)}
     met = goals[("auto", 1)]
     assert met["best"] == "ddtree-32" and met["auto_over_best"] == 0.984 and met["auto_over_dflash"] == 1.23
     assert met["meets_goal"] is True
-    assert goals[("auto-period", 1)]["meets_goal"] is False  # 0.968 of the best
+    assert goals[("auto-events", 1)]["meets_goal"] is False  # 0.968 of the best
     assert goals[("auto", 8)]["auto_over_best"] == 0.96 and goals[("auto", 8)]["meets_goal"] is False
     assert "NOT met" in tau.goal_markdown(list(goals.values()))
 
@@ -114,11 +114,16 @@ def test_the_clock_check_sets_auto_measured_costs_beside_the_fixed_engines_wall_
             {**_row("ddtree", 32, 1, 0.0, 120.0), "ms_per_round": 5.2},
             {**_row("ddtree-auto", "auto", 8, 0.0, 110.0), "clock": "events",
              "step_ms": {"b<=1": {"32": 4.0}, "b<=8": {"chain": 6.5, "32": 6.6}}},
-            {**_row("ddtree-auto", "auto", 3, 0.0, 110.0), "clock": "events", "step_ms": {}}]
+            {**_row("ddtree-auto", "auto", 3, 0.0, 110.0), "clock": "events", "step_ms": {}},
+            {**_row("ddtree-in-auto", "chain", 8, 0.0, 90.0), "ms_per_round": 6.9},
+            {**_row("ddtree-in-auto", 32, 8, 0.0, 90.0), "ms_per_round": 7.7},
+            {**_row("ddtree-in-auto", 32, 8, 1.0, 90.0), "ms_per_round": 9.9}]
     check = tau.clock_rows(rows)
     assert check[0] == {"auto": "auto", "clock": "events", "temperature": 0.0, "batch": 8, "bucket": "b<=8",
-                        "measured_ms": {"chain": 6.5, "32": 6.6}, "wall_ms_per_round": {"chain": 6.8, "32": 8.1}}
+                        "measured_ms": {"chain": 6.5, "32": 6.6}, "wall_ms_per_round": {"chain": 6.8, "32": 8.1},
+                        "held_ms_per_round": {"chain": 6.9, "32": 7.7}}
     assert check[1]["bucket"] == "b<=4" and check[1]["measured_ms"] == {} and check[1]["wall_ms_per_round"] == {}
+    assert check[1]["held_ms_per_round"] == {} and len(check) == 2
 
 
 class _ConstructedEngine:
@@ -213,7 +218,7 @@ def test_held_candidates_are_priced_as_their_fixed_methods_and_compared_with_aut
         ("DFLASH", 0): constructed_record([(1, 0.0, 2.7, 180.0)]),
         ("DDTREE", "auto"): {"tau": [{**constructed_record(auto_rows)["tau"][0], "budget_histogram": {"8": 5}},
                                      *held]},
-        ("DDTREE", "auto-period"): constructed_record([(1, 0.0, 3.3, 250.0)]),
+        ("DDTREE", "auto-events"): constructed_record([(1, 0.0, 3.3, 250.0)]),
     }
     log = {"eval": {"rows": [{"mode": "dflash", "temperature": 0.0, "budget": None, "tau": 2.7, "tau_emitted": 2.65},
                              {"mode": "ddtree", "temperature": 0.0, "budget": 8, "tau": 3.2}]}}
@@ -249,9 +254,9 @@ def test_main_starts_each_engine_with_its_budget_environment_and_the_auto_engine
     assert (algo, budget, need) == ("DDTREE", 32, tau.FORCED_NEED_S)
     assert extra[-2:] == ["--force-budgets", "chain,4,8,16,32"]
     assert env["SGLANG_DDTREE_BUDGET"] == "auto" and env["SGLANG_DDTREE_TEST_BUDGET"].endswith("forced.txt")
-    algo, budget, extra, env, need = by["tau-DDTREE-auto-period.json"]
+    algo, budget, extra, env, need = by["tau-DDTREE-auto-events.json"]
     assert "--force-budgets" not in extra and "SGLANG_DDTREE_TEST_BUDGET" not in env and need is None
-    assert env["SGLANG_DDTREE_STEP_CLOCK"] == "period"
+    assert env["SGLANG_DDTREE_STEP_CLOCK"] == "events"
     narrow = by["tau-DDTREE-4.json"]  # below half the block: served under a wider reservation
     assert (narrow[1], narrow[3], narrow[4]) == (7, {"SGLANG_DDTREE_BUDGET": "4"}, None)
     assert by["tau-DDTREE-16.json"][3] is None and len(calls) == len(tau.CONFIGS)

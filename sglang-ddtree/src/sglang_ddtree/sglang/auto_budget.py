@@ -12,11 +12,14 @@ the chain) at that width, then gives the tree to :meth:`AutoBudget.expect` and t
 * the step cost of each candidate at this batch size, measured while serving (``budget.OnlineStepCost``: per batch
   bucket, the candidates' cost ratios from sweeps of every candidate on a few steps in a row, every 256 of the bucket's
   steps or sooner when the load changed, and a level that every other step moves), by one of two clocks
-  (:data:`STEP_CLOCK_ENV`): ``events`` (the default), CUDA events around every round, read when done; or ``period``, the
-  host time between the starts of two consecutive decode rounds of the same candidate (:class:`_PeriodTimer`), which
-  also holds the host work outside the round (the scheduler's own, SGLang's result processing). On the tiny trained pair
-  (H100, 12-06b) auto with the events clock came closer to the best fixed budget than with the period clock in four of
-  six cells (both with the costs of before the sweeps). Under tensor parallelism the first rank of the TP group chooses
+  (:data:`STEP_CLOCK_ENV`): ``period`` (the default), the host time between the starts of two consecutive decode rounds
+  of the same candidate (:class:`_PeriodTimer`): the wall time a round costs, the host work outside the round (the
+  scheduler's own, SGLang's result processing) included; or ``events``, CUDA events around every round, read when
+  done: the GPU's time inside the round only. A clock that leaves out a per-round cost common to every candidate
+  makes the wide trees look dearer than they are: on the tiny trained pair (H100, 12-07) the events clock put budget
+  32 at 4.0 ms and 16 at 2.8 ms at batch 32, where a round of each, held in the same engine, took 6.45 and 6.46 ms
+  of wall time, and auto chose 16 on two thirds of those steps (0.91 of budget 32's tokens/s). Under tensor
+  parallelism the first rank of the TP group chooses
   and broadcasts its choice on the group's CPU (gloo) group, one integer a step: the ranks' own timings differ, and
   their calibrations may differ in the last bits (``index_add_`` on a GPU adds in no fixed order), so a choice made on
   each rank could split them into different verify widths, which would hang the step's collectives.
@@ -44,6 +47,7 @@ import torch
 
 from ..budget import (
     CHAIN,
+    PERIOD_CLOCK_COSTS,
     Calibration,
     OnlineStepCost,
     accepted_nodes,
@@ -88,9 +92,9 @@ LOG_EVERY_S = 60.0
 #: so far, the histogram of the choices and the measured costs (host data only: writing it never waits for the GPU).
 STATS_ENV = "SGLANG_DDTREE_BUDGET_STATS"
 STATS_EVERY = 64
-#: How the step costs are measured: ``events`` (default) or ``period`` (see the module docstring).
+#: How the step costs are measured: ``period`` (default) or ``events`` (see the module docstring).
 STEP_CLOCK_ENV = "SGLANG_DDTREE_STEP_CLOCK"
-STEP_CLOCKS = ("events", "period")
+STEP_CLOCKS = ("period", "events")
 #: The period clock drops an interval longer than this (the server idled, or waited for requests, in between).
 MAX_PERIOD_S = 1.0
 
@@ -217,7 +221,7 @@ class AutoBudget:
             raise ValueError(f"{STEP_CLOCK_ENV}={os.environ.get(STEP_CLOCK_ENV)!r}: use one of {list(STEP_CLOCKS)} "
                              f"(unset: {STEP_CLOCKS[0]})")
         if self.clock_name == "period":  # a sample needs two rounds of one candidate in a row
-            self.costs = OnlineStepCost(self.candidates, min_samples=4, refresh_burst=3, unsampled_per_burst=1)
+            self.costs = OnlineStepCost(self.candidates, **PERIOD_CLOCK_COSTS)
             self.timer: Any = _PeriodTimer(self.costs.bucket, clock)
         else:  # this rank's measurements; the first rank's decide
             self.costs = OnlineStepCost(self.candidates)

@@ -13,7 +13,8 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
    With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
    tree's first n nodes (the budget-n tree) or the drafter's argmax chain, at that width, with CUDA graphs
-   captured for each width; the widest tree still gives every candidate's expected acceptance.
+   captured for each width; the widest tree still gives every candidate's expected acceptance. A chain step that
+   samples no expectations is DFLASH's own round, whole (no tree glue around it: it costs what DFLASH's does).
 3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
    backends' FULL layout, retrieve arrays, each node's KV slot: the argmax chain's nodes at their own depth),
    the target's TARGET_VERIFY forward, then the core's greedy walk (or its exactly lossless ``sampling_walk``
@@ -376,6 +377,16 @@ class DDTreeWorker(DFlashWorkerV2):
         if auto is not None:  # times the whole round; sampled rounds have their own calibration and expectations
             greedy = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", True)
             candidate = auto.begin_step(len(batch.seq_lens), greedy=bool(greedy))
+            if candidate == CHAIN and not auto.sampling:
+                # DFLASH's own round, at DFLASH's cost: the chain needs no tree, and the DDTREE glue around a chain
+                # verify cost 0.6-1.1 ms a round more than DFLASH's on the host-bound trained pair (H100, 12-07).
+                # Sampling rounds (every SAMPLE_EVERY-th) take the tree path: their expectations need the tree.
+                self._ddtree_select_width(self.block_size)
+                try:
+                    return super().forward_batch_generation(batch, on_publish=on_publish,
+                                                            grammar_barrier=grammar_barrier)
+                finally:
+                    auto.end_step()
         head = self._ddtree_head
         self._ddtree_capturing = True
         if head is not None:
