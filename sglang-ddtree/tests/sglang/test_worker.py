@@ -826,3 +826,37 @@ def test_an_auto_chain_step_is_dflashs_own_round_unless_it_samples_expectations(
             "DFLASH's result"
         assert calls == ["begin", ("width", worker.block_size), ("dflash", (2, 4), publish, "barrier"), "end"]
     assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False
+
+
+@pytest.mark.parametrize("flags", [{}, {"need_top_k_sampling": True}, {"need_top_p_sampling": True},
+                                   {"need_min_p_sampling": True}])
+def test_unfiltered_sampling_skips_the_sort_and_keeps_the_same_probabilities(monkeypatch, flags):
+    """A batch that sets no top-k, top-p or min-p (SGLang's host flags all False) gets each node's softmax as it is,
+    without the vocabulary sort. The filtering path at top-p 1 gives the same except in the far tail, where its
+    float32 cumulative sum passes 1.0 and drops a few tokens (as SGLang's torch sampler does; its default sampler
+    skips top-p when no request sets it). With any flag set (or the flags missing) the filtering path runs."""
+    from sglang_ddtree.sglang import worker as worker_module
+
+    bs, m, vocab = 2, 3, 50
+    logits = torch.randn(bs, m, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    no_filter = dict(temperatures=torch.full((bs, 1), 0.8), top_ks=torch.full((bs,), 1 << 30),
+                     top_ps=torch.ones(bs), min_ps=torch.zeros(bs))
+    sorted_calls = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: sorted_calls.append(1) or real_sort(*a, **k))
+    slow = worker_module._target_probs(logits, SimpleNamespace(**no_filter))  # flags missing: the filtering path
+    assert sorted_calls == [1]
+    off = dict(need_top_k_sampling=False, need_top_p_sampling=False, need_min_p_sampling=False)
+    fast = worker_module._target_probs(logits, SimpleNamespace(**no_filter, **{**off, **flags}))
+    assert sorted_calls == ([1] if not flags else [1, 1])
+    if not flags:
+        assert torch.equal(fast, torch.softmax(logits / torch.full((bs, 1, 1), 0.8), dim=-1))
+        kept = slow > 0
+        assert torch.equal(fast[kept], slow[kept]) and float(fast[~kept].sum()) < 1e-5
+    else:
+        assert torch.equal(fast, slow)
+    # a request that does filter (top-k 5) is honoured whenever its flag says so
+    top5 = {**no_filter, "top_ks": torch.tensor([5, 1 << 30])}
+    filtered = worker_module._target_probs(logits, SimpleNamespace(**top5, **{**off, "need_top_k_sampling": True}))
+    assert (filtered[0] > 0).sum(-1).tolist() == [5] * m and torch.equal(filtered[1], slow[1])
+    assert torch.equal(filtered[0][filtered[0] > 0], fast[0][filtered[0] > 0])

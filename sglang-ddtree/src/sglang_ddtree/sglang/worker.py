@@ -744,10 +744,17 @@ def _target_probs(logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
     """Target probabilities per node, float32 [bs, M, V] (unnormalised where top-k/top-p/min-p cut), filtered as
     SGLang's own sampler filters them (``top_k_top_p_min_p_sampling_from_probs_torch``): softmax of logits /
     temperature; in descending order, ranks >= top_k dropped, and tokens whose preceding cumulative probability
-    (over the whole distribution) exceeds top_p dropped; then min_p relative to the most likely token."""
+    (over the whole distribution) exceeds top_p dropped; then min_p relative to the most likely token.
+
+    A batch whose requests set none of the three (SGLang's host flags ``need_top_k_sampling``,
+    ``need_top_p_sampling``, ``need_min_p_sampling`` all False; a missing flag counts as set) gets the softmax as it
+    is: the sort over the vocabulary of every node, its cumulative sum and the scatter back would drop nothing."""
     bs = logits.shape[0]
     temps = sampling_info.temperatures.view(bs, 1, 1).float()
     probs = torch.softmax(logits.float() / temps.clamp(min=1e-6), dim=-1)
+    if not any(getattr(sampling_info, flag, True)
+               for flag in ("need_top_k_sampling", "need_top_p_sampling", "need_min_p_sampling")):
+        return probs
     vocab = probs.shape[-1]
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     cumulative = torch.cumsum(sorted_probs, dim=-1)
