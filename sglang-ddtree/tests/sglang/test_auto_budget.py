@@ -437,6 +437,7 @@ def test_a_batch_that_is_no_tree_round_interrupts_the_period_clock(monkeypatch, 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", lambda self, batch, **kw: "DFLASH's")
     worker = object.__new__(DDTreeWorker)  # no GPU: the attributes this path reads
     worker.block_size = 4
+    worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(decode_cuda_graph_runner=None))
     calls = []
     worker._ddtree_auto = SimpleNamespace(interrupt=lambda: calls.append("interrupt"))
     mode = SimpleNamespace(is_extend=lambda: kind == "extend", is_idle=lambda: False)

@@ -784,50 +784,6 @@ def test_glue_warm_up_runs_the_round_pipeline_on_torch():
     assert done["widths"] == [9]
 
 
-@pytest.mark.parametrize("sampling", [False, True])
-def test_an_auto_chain_step_is_dflashs_own_round_unless_it_samples_expectations(monkeypatch, sampling):
-    """The auto budget's chain: DFLASH's whole round (its draft, verify and commit, at its cost; the width of its
-    graphs selected), timed as the step; on a step that samples expectations the tree path verifies the chain."""
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-
-    from sglang_ddtree.budget import CHAIN
-
-    worker, _ = _head_worker(monkeypatch)
-    worker._draft_sampler = worker._maybe_build_draft_sampler()
-    block_hidden = torch.randn(2 * worker.block_size, 16)
-    calls = []
-
-    def dflash_round(self, batch, on_publish=None, grammar_barrier=None):
-        self._draft_sampler(block_hidden)
-        chain = self._draft_sampler.out[:8].view(2, 4)  # outside a DDTREE round: the argmax chain
-        calls.append(("dflash", tuple(chain.shape), on_publish, grammar_barrier))
-        return "DFLASH's result"
-
-    worker._ddtree_auto = SimpleNamespace(begin_step=lambda bs, greedy: calls.append("begin") or CHAIN,
-                                          end_step=lambda: calls.append("end"), interrupt=lambda: None,
-                                          sampling=sampling)
-    monkeypatch.setattr(type(worker), "_ddtree_select_width", lambda self, width: calls.append(("width", width)))
-    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_round)
-    monkeypatch.setattr(type(worker), "_ddtree_round",
-                        lambda self, batch, hidden, on_publish, candidate=None, tree=None:
-                        calls.append(("tree round", candidate)) or "tree result")
-    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
-    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=False,
-                            seq_lens=torch.tensor([3, 4]), sampling_info=SimpleNamespace(is_all_greedy=True))
-    publish = object()
-    if sampling:  # the tree path: DFLASH's round ends at its draft head (its chain read raises DraftCaptured)
-        monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation",
-                            lambda self, batch, on_publish=None, grammar_barrier=None:
-                            self._draft_sampler(block_hidden) or self._draft_sampler.out)
-        assert worker.forward_batch_generation(batch, on_publish=publish) == "tree result"
-        assert calls == ["begin", ("tree round", CHAIN), "end"]
-    else:
-        assert worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier") == \
-            "DFLASH's result"
-        assert calls == ["begin", ("width", worker.block_size), ("dflash", (2, 4), publish, "barrier"), "end"]
-    assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False
-
-
 @pytest.mark.parametrize("flags", [{}, {"need_top_k_sampling": True}, {"need_top_p_sampling": True},
                                    {"need_min_p_sampling": True}])
 def test_unfiltered_sampling_skips_the_sort_and_keeps_the_same_probabilities(monkeypatch, flags):
@@ -860,3 +816,47 @@ def test_unfiltered_sampling_skips_the_sort_and_keeps_the_same_probabilities(mon
     filtered = worker_module._target_probs(logits, SimpleNamespace(**top5, **{**off, "need_top_k_sampling": True}))
     assert (filtered[0] > 0).sum(-1).tolist() == [5] * m and torch.equal(filtered[1], slow[1])
     assert torch.equal(filtered[0][filtered[0] > 0], fast[0][filtered[0] > 0])
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_grammar_batch_is_dflashs_round_without_the_targets_tree_mask_graphs(monkeypatch, fails):
+    """A grammar batch is verified as DFLASH verifies it (its chain, no tree) with the target's verify graphs out of
+    the way: every DDTREE target graph was captured reading the tree-mask buffer, which DFLASH's maskless verify
+    would not refill (a replay at its width would read a tree round's mask). The runner comes back afterwards, also
+    when the round fails."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    worker, _ = _head_worker(monkeypatch)
+    worker._draft_sampler = worker._maybe_build_draft_sampler()
+    block_hidden = torch.randn(2 * worker.block_size, 16)
+    model_runner = worker._target_worker.model_runner
+    graphs = object()
+    model_runner.decode_cuda_graph_runner = graphs
+    seen = []
+
+    def dflash_round(self, batch, on_publish=None, grammar_barrier=None):
+        self._draft_sampler(block_hidden)
+        chain = self._draft_sampler.out[:8].view(2, 4)  # outside a tree round: the drafter's argmax chain
+        seen.append((model_runner.decode_cuda_graph_runner, tuple(chain.shape), on_publish, grammar_barrier))
+        if fails:
+            raise RuntimeError("the round failed")
+        return "DFLASH's result"
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_round)
+    monkeypatch.setattr(type(worker), "_ddtree_round", lambda *a, **k: pytest.fail("a tree round ran"))
+    interrupts = []
+    worker._ddtree_auto = SimpleNamespace(interrupt=lambda: interrupts.append(1),
+                                          begin_step=lambda *a, **k: pytest.fail("a grammar batch is no auto step"))
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=True,
+                            seq_lens=torch.tensor([3, 4]))
+    publish = object()
+    if fails:
+        with pytest.raises(RuntimeError, match="the round failed"):
+            worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier")
+    else:
+        assert worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier") == \
+            "DFLASH's result"
+    assert seen == [(None, (2, 4), publish, "barrier")]  # no graph runner while DFLASH's verify ran
+    assert model_runner.decode_cuda_graph_runner is graphs and interrupts == [1]
+    assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False

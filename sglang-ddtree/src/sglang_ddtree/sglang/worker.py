@@ -13,8 +13,7 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
    With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
    tree's first n nodes (the budget-n tree) or the drafter's argmax chain, at that width, with CUDA graphs
-   captured for each width; the widest tree still gives every candidate's expected acceptance. A chain step that
-   samples no expectations is DFLASH's own round, whole (no tree glue around it: it costs what DFLASH's does).
+   captured for each width; the widest tree still gives every candidate's expected acceptance.
 3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
    backends' FULL layout, retrieve arrays, each node's KV slot: the argmax chain's nodes at their own depth),
    the target's TARGET_VERIFY forward, then the core's greedy walk (or its exactly lossless ``sampling_walk``
@@ -369,24 +368,12 @@ class DDTreeWorker(DFlashWorkerV2):
         if getattr(batch, "has_grammar", False):
             if auto is not None:
                 auto.interrupt()
-            # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree),
-            # with the chain width's graphs when the auto budget captured them.
-            self._ddtree_select_width(self.block_size)
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+            # Grammar masks are built for DFLASH's chain: verify such batches as DFLASH does (lossless, no tree).
+            return self._ddtree_dflash_round(batch, on_publish, grammar_barrier)
         candidate = None
         if auto is not None:  # times the whole round; sampled rounds have their own calibration and expectations
             greedy = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", True)
             candidate = auto.begin_step(len(batch.seq_lens), greedy=bool(greedy))
-            if candidate == CHAIN and not auto.sampling:
-                # DFLASH's own round, at DFLASH's cost: the chain needs no tree, and the DDTREE glue around a chain
-                # verify cost 0.6-1.1 ms a round more than DFLASH's on the host-bound trained pair (H100, 12-07).
-                # Sampling rounds (every SAMPLE_EVERY-th) take the tree path: their expectations need the tree.
-                self._ddtree_select_width(self.block_size)
-                try:
-                    return super().forward_batch_generation(batch, on_publish=on_publish,
-                                                            grammar_barrier=grammar_barrier)
-                finally:
-                    auto.end_step()
         head = self._ddtree_head
         self._ddtree_capturing = True
         if head is not None:
@@ -407,6 +394,22 @@ class DDTreeWorker(DFlashWorkerV2):
         if auto is not None:
             auto.end_step()
         return result
+
+    def _ddtree_dflash_round(self, batch, on_publish, grammar_barrier):
+        """DFLASH's own round, whole, with the target's verify run without CUDA graphs.
+
+        DFLASH's verify carries no custom mask (a chain is causal), while every target verify graph of a DDTREE
+        server was captured reading the tree-mask buffer (``hooks.graph_get_spec_info_hook``) and SGLang copies a
+        mask into that buffer only when the step brings one: a graph of DFLASH's width (the auto budget's chain
+        width, or a fixed budget of block - 1) replayed for this round would read the mask a tree round left there.
+        Eagerly the verify takes SGLang's causal attention, as it does on a server without a graph of that width."""
+        model_runner = self.target_worker.model_runner
+        graphs = model_runner.decode_cuda_graph_runner
+        model_runner.decode_cuda_graph_runner = None  # SGLang's forward replays a graph only when it has a runner
+        try:
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        finally:
+            model_runner.decode_cuda_graph_runner = graphs
 
     def ddtree_budget_state(self) -> dict:
         """``/get_server_info``'s ``internal_states[i].ddtree_budget`` (hooks.scheduler_internal_state_hook), from
