@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -28,7 +29,7 @@ from sglang_ddtree.budget import (
     top1_logprobs,
     tree_prefix,
 )
-from sglang_ddtree.tree import build_tree, build_tree_from_topk, chain_tree, log_softmax_f32
+from sglang_ddtree.tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, log_softmax_f32
 from sglang_ddtree.verify import greedy_walk
 
 
@@ -685,6 +686,24 @@ def test_chain_tree_is_the_argmax_path(ties):
     target = torch.cat([chain.tokens[:, :3], torch.full((3, 3), 10**6)], dim=1)
     _, accept_len, bonus = greedy_walk(chain, target)
     assert accept_len.tolist() == [3, 3, 3] and bonus.tolist() == [10**6] * 3
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_chain_tree_equals_the_tree_built_from_the_rank_0_candidates(ties):
+    """chain_tree's shared structure and per-step sums are build_tree_from_topk's tree of the rank-0 candidates
+    (its definition), field by field, for a batch larger and then smaller than the shared structure's first one."""
+    for bsz in (2, 5, 3):
+        logits = random_logits(bsz, 6, 13, seed=bsz, ties=ties)
+        tree = build_tree(logits, 8, backend="torch")
+        chain = chain_tree(tree)
+        ref = build_tree_from_topk(tree.top1_logprobs[..., None], tree.top1_tokens[..., None], 6, backend="torch")
+        for field in dataclasses.fields(DraftTree):
+            got, want = getattr(chain, field.name), getattr(ref, field.name)
+            if isinstance(want, torch.Tensor):
+                assert got.dtype == want.dtype and torch.equal(got, want), field.name
+            else:
+                assert got == want, field.name
+        assert chain.tokens.shape == (bsz, 6) and chain.ancestors.shape == (bsz, 7, 7)
 
 
 def test_trees_from_candidate_lists_carry_their_best_candidate():

@@ -389,22 +389,73 @@ def build_tree_from_topk(
 
 def chain_tree(tree: DraftTree, *, backend: str | None = None) -> DraftTree:
     """The drafter's argmax chain as a tree (what DFLASH verifies): node d is the rank-0 token at depth d, the
-    only child of node d-1. It is the budget-D tree of a single candidate per depth, so every walk and glue
-    kernel takes it as it takes any tree.
+    only child of node d-1. It is the budget-D tree of a single candidate per depth (``build_tree_from_topk`` of
+    the rank-0 candidates: equal field by field, tested), so every walk and glue kernel takes it as it takes any
+    tree.
+
+    Only the tokens, log-probabilities and path scores depend on the step; the shape of a chain is the same on every
+    step (depths 1..D, parent d-1, one child, ancestors lower-triangular), so that part is made once per device
+    and depth and shared as views, and a chain costs two small kernels (the path sums) instead of a tree build
+    (about 20 launches of host time a step, which the auto budget's chain rounds paid on top of DFLASH's).
 
     Args:
         tree: a tree from :func:`build_tree` / :func:`build_tree_from_topk` (its ``top1_tokens`` and
             ``top1_logprobs``, [B, D]).
-        backend: as for :func:`build_tree`.
+        backend: unused (kept for the callers': every backend gives this tree).
 
     Returns:
-        DraftTree of budget D on the tree's device (scores: the chain's path log-probabilities).
+        DraftTree of budget D on the tree's device (scores: the chain's path log-probabilities, float64 sums in
+        depth order; the structure tensors are read-only views shared between steps).
     """
+    del backend
     if tree.top1_tokens is None or tree.top1_logprobs is None:
         raise ValueError("this tree carries no rank-0 candidates (top1_tokens): build it with build_tree")
-    return build_tree_from_topk(
-        tree.top1_logprobs.float()[..., None], tree.top1_tokens[..., None], tree.max_depth, backend=backend
+    tokens, logprobs = tree.top1_tokens, tree.top1_logprobs
+    bsz, depth = int(tokens.shape[0]), int(tokens.shape[1])
+    shape = _chain_shape(tokens.device, depth, bsz)
+    return DraftTree(
+        tokens=tokens.to(torch.int64),
+        depths=shape["depths"][:bsz],
+        parents=shape["parents"][:bsz],
+        ancestors=shape["ancestors"][:bsz],
+        first_child=shape["first_child"][:bsz],
+        next_sibling=shape["next_sibling"][:bsz],
+        num_nodes=shape["num_nodes"][:bsz],
+        scores=torch.cumsum(logprobs.to(torch.float64) + 0.0, dim=1),  # canonical zeros, as _build_sorted's
+        ranks=shape["ranks"][:bsz],
+        logprobs=logprobs.float(),
+        max_depth=tree.max_depth,
+        top1_tokens=tokens.to(torch.int64),
+        top1_logprobs=logprobs.float(),
     )
+
+
+#: (device, depth) -> the structure of a chain of that depth for the largest batch asked so far (``chain_tree``).
+_CHAIN_SHAPES: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+
+
+def _chain_shape(device: torch.device, depth: int, bsz: int) -> dict[str, torch.Tensor]:
+    """The step-independent fields of a depth-``depth`` chain tree, for at least ``bsz`` rows (made on the first
+    request and when a larger batch comes; the rows are identical, so callers slice the first ``bsz``)."""
+    key = (str(device), depth)
+    shape = _CHAIN_SHAPES.get(key)
+    if shape is not None and int(shape["depths"].shape[0]) >= bsz:
+        return shape
+    rows = max(bsz, 1)
+    nodes = torch.arange(depth + 1, device=device)
+    first_child = torch.where(nodes < depth, nodes + 1, -1)
+    shape = {
+        "depths": nodes[1:].expand(rows, depth).contiguous(),
+        "parents": (nodes - 1).expand(rows, depth + 1).contiguous(),
+        "ancestors": torch.tril(torch.ones(depth + 1, depth + 1, dtype=torch.bool, device=device))
+        .expand(rows, depth + 1, depth + 1).contiguous(),
+        "first_child": first_child.expand(rows, depth + 1).contiguous(),
+        "next_sibling": torch.full((rows, depth + 1), -1, dtype=torch.int64, device=device),
+        "num_nodes": torch.full((rows,), depth + 1, dtype=torch.int64, device=device),
+        "ranks": torch.zeros((rows, depth), dtype=torch.int64, device=device),
+    }
+    _CHAIN_SHAPES[key] = shape
+    return shape
 
 
 def _is_capturing() -> bool:
