@@ -32,16 +32,22 @@ CHAIN_NAME = "chain"
 
 
 def fixed_taus(tau_rows: list[dict]) -> dict[tuple[float, int], dict[str, float]]:
-    """{(temperature, batch): {candidate name: tau}} of the fixed methods (``chain`` for DFLASH, budgets as str)."""
+    """{(temperature, batch): {candidate name: tau}} of the fixed methods (``chain`` for DFLASH, budgets as str):
+    the fixed engines' rows, and where a candidate has none, its row held in auto's engine (``ddtree-in-auto``,
+    ``tau.py --configs auto,...``: the same tokens per round, measured in auto's process)."""
     out: dict[tuple[float, int], dict[str, float]] = {}
+    held: list[tuple[tuple[float, int], str, float]] = []
     for r in tau_rows:
+        cell = (float(r["temperature"]), int(r["batch"]))
         if r["method"] == "dflash":
-            name = CHAIN_NAME
+            out.setdefault(cell, {})[CHAIN_NAME] = float(r["tau_sglang"])
         elif r["method"] == "ddtree" and isinstance(r["budget"], int):
-            name = str(r["budget"])
-        else:
-            continue
-        out.setdefault((float(r["temperature"]), int(r["batch"])), {})[name] = float(r["tau_sglang"])
+            out.setdefault(cell, {})[str(r["budget"])] = float(r["tau_sglang"])
+        elif r["method"] == "ddtree-in-auto":
+            held.append((cell, CHAIN_NAME if r["budget"] == CHAIN_NAME else str(int(r["budget"])),
+                         float(r["tau_sglang"])))
+    for cell, name, tau in held:
+        out.setdefault(cell, {}).setdefault(name, tau)
     return out
 
 

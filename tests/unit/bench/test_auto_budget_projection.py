@@ -74,3 +74,13 @@ def test_each_temperature_is_priced_with_its_own_kind_of_rounds_expectations():
     greedy, sampled = rows[(0.0, 1)], rows[(1.0, 1)]
     assert greedy["auto"] == "32" and greedy["expectations"] == "auto's calibrated expected_mean (greedy rounds)"
     assert sampled["auto"] == "16" and sampled["expectations"].endswith("(sampled rounds)")  # 2.35 / 7 > 2.4 / 9
+
+
+def test_candidates_held_in_autos_engine_stand_in_only_where_no_fixed_engine_ran():
+    """tau.py --configs auto,none,DFLASH times each candidate held in auto's engine (``ddtree-in-auto``) and no
+    fixed DDTREE engine: those rows are the candidates' tau; a fixed engine's row, where there is one, wins."""
+    held = [{"method": "ddtree-in-auto", "budget": b, "batch": 1, "temperature": 0.0, "tau_sglang": t}
+            for b, t in (("chain", 2.9), (16, 3.6), (8, 3.3))]
+    taus = proj.fixed_taus(constructed_tau + held)
+    assert taus[(0.0, 1)] == {"chain": 3.0, "16": 3.7, "32": 4.0, "8": 3.3}  # DFLASH's and the fixed engines' kept
+    assert proj.fixed_taus(held) == {(0.0, 1): {"chain": 2.9, "16": 3.6, "8": 3.3}}
