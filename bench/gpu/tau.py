@@ -207,14 +207,10 @@ def clock_rows(rows: list[dict]) -> list[dict]:
     wall time makes auto choose unlike the best fixed method. One row per auto run, batch and temperature; the
     auto run's ``step_ms`` of the batch's bucket (``b<=1``, ``b<=8``, ``b<=32``: every temperature together), and
     ``held_ms_per_round``: the wall time a round took with the auto engine held at each candidate (FORCED_IN), the
-    same process and graphs (12-07: the events clock put budget 32 at 4.0 ms and 16 at 2.8 at batch 32 while their
-    held rounds took 6.45 and 6.46 ms)."""
+    same process and graphs (bench/results/tau-h100-2026-12-07.md reads one such check)."""
     # named as the auto budget's stats name its candidates
     wall = fixed_cells(rows, "ms_per_round", lambda method, budget: "chain" if method == "dflash" else str(budget))
-    held: dict[tuple, dict[str, float]] = {}
-    for r in rows:
-        if r["method"] == "ddtree-in-auto" and r.get("ms_per_round") is not None:
-            held.setdefault((r["temperature"], r["batch"]), {})[str(r["budget"])] = r["ms_per_round"]
+    held = fixed_cells(rows, "ms_per_round", lambda method, budget: str(budget), methods=("ddtree-in-auto",))
     out = []
     for r in rows:
         if r["method"] != "ddtree-auto":

@@ -410,11 +410,11 @@ def chain_tree(tree: DraftTree, *, backend: str | None = None) -> DraftTree:
     del backend
     if tree.top1_tokens is None or tree.top1_logprobs is None:
         raise ValueError("this tree carries no rank-0 candidates (top1_tokens): build it with build_tree")
-    tokens, logprobs = tree.top1_tokens, tree.top1_logprobs
+    tokens, logprobs = tree.top1_tokens.to(torch.int64), tree.top1_logprobs.float()
     bsz, depth = int(tokens.shape[0]), int(tokens.shape[1])
     shape = _chain_shape(tokens.device, depth, bsz)
     return DraftTree(
-        tokens=tokens.to(torch.int64),
+        tokens=tokens,
         depths=shape["depths"][:bsz],
         parents=shape["parents"][:bsz],
         ancestors=shape["ancestors"][:bsz],
@@ -423,10 +423,10 @@ def chain_tree(tree: DraftTree, *, backend: str | None = None) -> DraftTree:
         num_nodes=shape["num_nodes"][:bsz],
         scores=torch.cumsum(logprobs.to(torch.float64) + 0.0, dim=1),  # canonical zeros, as _build_sorted's
         ranks=shape["ranks"][:bsz],
-        logprobs=logprobs.float(),
+        logprobs=logprobs,
         max_depth=tree.max_depth,
-        top1_tokens=tokens.to(torch.int64),
-        top1_logprobs=logprobs.float(),
+        top1_tokens=tokens,
+        top1_logprobs=logprobs,
     )
 
 
