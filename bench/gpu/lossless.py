@@ -39,6 +39,8 @@ from engine_run import exit_with, run_config
 #: sglang-ddtree/tests/sglang/test_instruments.py with the same pattern).
 PATTERN = [1, 1, 1, 2, 1, 1, 3]
 BATCHES = "1,3,16"
+#: engines whose steps choose among candidates (SGLANG_DDTREE_BUDGET), by config name; the rows' "budget"
+POLICIES = {"ddtree-auto": "auto", "ddtree-chain": "chain"}
 
 
 def run_engine(args, name: str, algo: str, budget: int, modes: str, env_extra: dict[str, str]) -> Path:
@@ -189,6 +191,9 @@ def main() -> int:
     ap.add_argument("--before", action="store_true", help="also run budget 16 without the graph hook")
     ap.add_argument("--auto", action="store_true",
                     help="also run SGLANG_DDTREE_BUDGET=auto (issue 24) with the largest budget as the widest")
+    ap.add_argument("--chain", action="store_true",
+                    help="also run SGLANG_DDTREE_BUDGET=chain: every step the drafter's chain as DFLASH's own round "
+                         "on the verify graphs of its width (the causal cells written into the tree-mask buffer)")
     ap.add_argument("--sampling", action="store_true", help="temperature-1 statistical test at the largest budget")
     ap.add_argument("--no-equality", action="store_true", help="only the sampling test (e.g. on a flat target)")
     ap.add_argument("--samples", type=int, default=4000)
@@ -217,10 +222,12 @@ def main() -> int:
         configs.append(("ddtree-b16-before", 16, False))
     if args.auto:  # every step verifies the candidate the auto budget chose, at that width with its graphs
         configs.append(("ddtree-auto", max(budgets), True))
+    if args.chain:  # under the test oracle the tree glue verifies a chain step: natural drafts test DFLASH's round
+        configs.append(("ddtree-chain", max(budgets), True))
     for name, budget, fixed in configs:
         env = {} if args.natural else {"SGLANG_DDTREE_TEST_ORACLE": str(oracle)}
-        if name == "ddtree-auto":
-            env["SGLANG_DDTREE_BUDGET"] = "auto"
+        if name in POLICIES:
+            env["SGLANG_DDTREE_BUDGET"] = POLICIES[name]
         env |= {
             "SGLANG_DDTREE_TEST_STATS": str(args.work / f"{name}.jsonl"),
             "SGLANG_DDTREE_TEST_GRAPH_CHECK": "1",
@@ -253,7 +260,7 @@ def main() -> int:
                     "backend": "triton",
                     "target": args.label,
                     "batch": int(batch),
-                    "budget": "auto" if name == "ddtree-auto" else budget,
+                    "budget": POLICIES.get(name, budget),
                     "graph_mask_fix": fixed,
                     "prompts": len(base[key]),
                     "near_tie_measure": "fp32 top-2 logit gap (transformers)" if has_weights(args.models)

@@ -28,7 +28,8 @@
 #                     overrides, e.g. "budgets=32 temperatures=0" evaluates fewer reference rows: a shorter train-wait)
 #   pair-wait         until the pair is saved (train_pair.py then still evaluates it in its reference engine)
 #   train-wait        until train_pair.py has ended
-#   lossless-trained  lossless.py on the trained pair, natural drafts, temperature-1 test (TRAINED_BUDGETS, 8,16; AUTO)
+#   lossless-trained  lossless.py on the trained pair, natural drafts, temperature-1 test (TRAINED_BUDGETS, 8,16; AUTO:
+#                     also auto, and the chain alone: every step DFLASH's round on the chain width's graphs)
 #   tau               bench/gpu/tau.py: issue 24's table, goal and clock check (TAU_CONFIGS: a subset of its
 #                     engines, e.g. none,DFLASH,auto: auto and its candidates held fixed in one engine)
 #   cost-tiny, cost-8b, cost-hybrid, cost-8b-context  bench/gpu/step_cost.py on the tiny pair and on
@@ -184,7 +185,7 @@ run_step() {
     lossless-trained)
       step lossless-trained python3 bench/gpu/lossless.py --models "$STATE/pair" --work "$STATE/lossless-trained" \
         --label pure --natural --prompts-file "$STATE/pair/eval_prompts.json" --budgets "${TRAINED_BUDGETS:-8,16}" \
-        --sampling ${AUTO:+--auto} ;;
+        --sampling ${AUTO:+--auto --chain} ;;
     tau) step tau python3 bench/gpu/tau.py --pair "$STATE/pair" --work "$STATE/tau" --result "$STATE/tau/tau-result.json" \
         ${TAU_CONFIGS:+--configs "$TAU_CONFIGS"} ;;
     step-cost) step step-cost env CONTEXTS="${CONTEXTS:-1024,8192}" bash bench/gpu/sglang_ddtree_gpu.sh step-cost "$S" ;;

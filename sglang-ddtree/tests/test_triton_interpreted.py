@@ -43,6 +43,7 @@ CASES = [
     "walk/unfillable",
     "walk/chain",
     "glue/verify-prep",
+    "glue/chain-mask",
     "glue/walk-commit",
     "warmup/widths",
     "warmup/tp",

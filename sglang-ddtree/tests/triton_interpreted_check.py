@@ -116,7 +116,27 @@ def glue_cases(gen, device="cpu"):
         nomask = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, None, "triton")
         ok_prep = ok_prep and torch.equal(nomask.custom_mask, ref.custom_mask.bool() | (buf_ref[:total] == 9))
     report("glue/verify-prep", ok_prep, detail)
+    chain_mask_case(gen, device)
     walk_commit_case(gen, device)
+
+
+def chain_mask_case(gen, device="cpu"):
+    """``chain_mask`` (the causal cells of DFLASH's block verify, one launch) against ``write_chain_mask``'s torch
+    reference: every tree cell written, nothing else touched (bool and uint8 buffers; 35 requests: the offsets summed
+    over three chunks of 16)."""
+    from sglang_ddtree.sglang.verify_input import write_chain_mask
+
+    ok, detail = True, ""
+    for bsz, m, dtype in [(1, 16, torch.uint8), (3, 8, torch.bool), (35, 16, torch.uint8), (2, 33, torch.uint8)]:
+        prefix = torch.randint(0, 40, (bsz,), generator=gen).to(device)
+        total = mask_numel(int(prefix.sum()), bsz, m)
+        start = torch.randint(0, 2, (total + 5,), generator=gen).to(device=device, dtype=dtype)
+        ref, got = start.clone(), start.clone()
+        view_ref = write_chain_mask(ref, prefix, int(prefix.sum()), m, backend="torch")
+        view_got = write_chain_mask(got, prefix, int(prefix.sum()), m, backend="triton")
+        if not (torch.equal(ref, got) and view_got.numel() == total == view_ref.numel()):
+            ok, detail = False, f"chain mask differs (batch {bsz}, width {m}, {dtype})"
+    report("glue/chain-mask", ok, detail)
 
 
 def walk_commit_case(gen, device="cpu"):
@@ -202,6 +222,7 @@ def warmup_cases(gen, device="cpu"):
     kernels = {
         "scan": _triton_vocab._vocab_scan, "select": _triton_vocab._vocab_select, "tree": _triton_tree._tree_kernel,
         "prep": _triton_glue._verify_prep_kernel, "walk_commit": _triton_glue._walk_commit_kernel,
+        "chain_mask": _triton_glue._chain_mask_kernel,
     }
     warm_round_kernels(candidates=[CHAIN, 4, 8, 16], logits_dtype=torch.bfloat16, **common)
     before = _compiled_variants(kernels)
@@ -222,6 +243,8 @@ def warmup_cases(gen, device="cpu"):
             total = mask_numel(int(prefix.sum()), bsz, m)
             arrays = build_verify_arrays(verified, roots, prefix, int(prefix.sum()), r2t, rows,
                                          torch.zeros(total, dtype=torch.uint8, device=dev), "triton")
+            if verified.budget == 7:  # the chain: DFLASH's round writes the block's causal cells instead
+                _triton_glue.chain_mask(torch.zeros(total, dtype=torch.uint8, device=dev), prefix, m, total)
             target = torch.randint(0, 50, (bsz, m), device=dev)
             _triton_glue.walk_commit(verified.parents, verified.tokens, target, verified.max_depth, arrays.slots,
                                      arrays.out_cache_loc, prefix, (pool_ptrs, pool_strides))

@@ -818,45 +818,150 @@ def test_unfiltered_sampling_skips_the_sort_and_keeps_the_same_probabilities(mon
     assert torch.equal(filtered[0][filtered[0] > 0], fast[0][filtered[0] > 0])
 
 
-@pytest.mark.parametrize("fails", [False, True])
-def test_a_grammar_batch_is_dflashs_round_without_the_targets_tree_mask_graphs(monkeypatch, fails):
-    """A grammar batch is verified as DFLASH verifies it (its chain, no tree) with the target's verify graphs out of
-    the way: every DDTREE target graph was captured reading the tree-mask buffer, which DFLASH's maskless verify
-    would not refill (a replay at its width would read a tree round's mask). The runner comes back afterwards, also
-    when the round fails."""
+def _dflash_round_worker(monkeypatch, *, hybrid=False, buffer_cells=10_000, fails=False):
+    """A head worker whose DFLASH round (a stand-in for DFlashWorkerV2's, which needs a GPU) runs the drafter head,
+    reads DFLASH's chain from it, and records the graph runner, the mask buffer and the arguments it saw."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     worker, _ = _head_worker(monkeypatch)
+    backend = worker._target_worker.model_runner.attn_backend
     worker._draft_sampler = worker._maybe_build_draft_sampler()
-    block_hidden = torch.randn(2 * worker.block_size, 16)
+    worker._ddtree_glue = "torch"  # the mask write's reference (its Triton kernel: tests/triton_interpreted_check.py)
+    worker._need_mamba_verify_commit = hybrid
+    block_hidden = torch.randn(2 * worker.block_size, 16, generator=torch.Generator().manual_seed(5))
     model_runner = worker._target_worker.model_runner
-    graphs = object()
+    graphs = SimpleNamespace(name="the widest width's graphs")
     model_runner.decode_cuda_graph_runner = graphs
+    buffer = torch.full((buffer_cells,), 7, dtype=torch.uint8)  # 7: cells nobody wrote
+    backend.full_attn_backend = SimpleNamespace(_verify_mask=SimpleNamespace(buffer=buffer))
     seen = []
 
     def dflash_round(self, batch, on_publish=None, grammar_barrier=None):
         self._draft_sampler(block_hidden)
         chain = self._draft_sampler.out[:8].view(2, 4)  # outside a tree round: the drafter's argmax chain
-        seen.append((model_runner.decode_cuda_graph_runner, tuple(chain.shape), on_publish, grammar_barrier))
+        seen.append({"runner": model_runner.decode_cuda_graph_runner, "mask": buffer.clone(), "chain": chain.clone(),
+                     "args": (on_publish, grammar_barrier)})
         if fails:
             raise RuntimeError("the round failed")
-        return "DFLASH's result"
+        return SimpleNamespace(accept_lens=torch.tensor([3, 1], dtype=torch.int32), can_run_cuda_graph=True)
 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_round)
     monkeypatch.setattr(type(worker), "_ddtree_round", lambda *a, **k: pytest.fail("a tree round ran"))
+    widths = []
+    monkeypatch.setattr(type(worker), "_ddtree_select_width", lambda self, width: widths.append(width))
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=False,
+                            seq_lens=torch.tensor([3, 4]), seq_lens_cpu=torch.tensor([3, 4]), spec_info=None,
+                            sampling_info=SimpleNamespace(is_all_greedy=True))
+    return worker, batch, graphs, seen, widths, buffer
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_grammar_batch_is_dflashs_round_on_its_widths_graphs_with_the_causal_cells_written(monkeypatch, fails):
+    """A grammar batch is verified as DFLASH verifies it (its chain, no tree), on the graphs of DFLASH's width: every
+    DDTREE target graph reads the tree-mask buffer, which DFLASH's maskless verify does not fill, so the chain's
+    causal cells are written there first (a tree round's mask left there would otherwise be read)."""
+    from sglang_ddtree.sglang.verify_input import mask_numel, tree_block_offsets
+
+    worker, batch, graphs, seen, widths, buffer = _dflash_round_worker(monkeypatch, fails=fails)
+    batch.has_grammar = True
     interrupts = []
     worker._ddtree_auto = SimpleNamespace(interrupt=lambda: interrupts.append(1),
                                           begin_step=lambda *a, **k: pytest.fail("a grammar batch is no auto step"))
-    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
-    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, has_grammar=True,
-                            seq_lens=torch.tensor([3, 4]))
     publish = object()
     if fails:
         with pytest.raises(RuntimeError, match="the round failed"):
             worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier")
     else:
-        assert worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier") == \
-            "DFLASH's result"
-    assert seen == [(None, (2, 4), publish, "barrier")]  # no graph runner while DFLASH's verify ran
-    assert model_runner.decode_cuda_graph_runner is graphs and interrupts == [1]
+        assert worker.forward_batch_generation(batch, on_publish=publish, grammar_barrier="barrier").accept_lens \
+            .tolist() == [3, 1]
+    (got,) = seen
+    assert got["runner"] is graphs and widths == [worker.block_size] and got["args"] == (publish, "barrier")
+    m = worker.block_size
+    cells = got["mask"][tree_block_offsets(batch.seq_lens, m)]
+    assert torch.equal(cells.bool(), torch.ones(m, m, dtype=torch.bool).tril().expand(2, m, m))
+    touched = torch.zeros_like(buffer, dtype=torch.bool)
+    touched[tree_block_offsets(batch.seq_lens, m).reshape(-1)] = True
+    assert (got["mask"][~touched] == 7).all() and mask_numel(7, 2, m) <= buffer.numel()  # nothing else written
+    assert worker._target_worker.model_runner.decode_cuda_graph_runner is graphs and interrupts == [1]
     assert worker._ddtree_head.in_round is False and worker._ddtree_capturing is False
+
+
+@pytest.mark.parametrize(("hybrid", "buffer_cells", "fails"), [(True, 10_000, False), (False, 20, False),
+                                                               (True, 10_000, True)])
+def test_a_dflash_round_runs_without_graphs_where_the_causal_cells_cannot_be_written(monkeypatch, hybrid,
+                                                                                      buffer_cells, fails):
+    """Hybrid linear-attention targets (their verify graphs also read the tree's parent links) and a mask that does
+    not fit the buffer: DFLASH's verify runs with no graph runner; the runner comes back, also when the round fails."""
+    worker, batch, graphs, seen, widths, _ = _dflash_round_worker(monkeypatch, hybrid=hybrid,
+                                                                  buffer_cells=buffer_cells, fails=fails)
+    batch.has_grammar = True
+    worker._ddtree_auto = None
+    if fails:
+        with pytest.raises(RuntimeError, match="the round failed"):
+            worker.forward_batch_generation(batch)
+    else:
+        worker.forward_batch_generation(batch)
+    assert seen[0]["runner"] is None and widths == [] and (seen[0]["mask"] == 7).all()
+    assert worker._target_worker.model_runner.decode_cuda_graph_runner is graphs
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+@pytest.mark.parametrize("served", [True, False])
+def test_an_auto_chain_step_is_dflashs_own_round_and_feeds_the_calibration_on_sampling_steps(monkeypatch, sampling,
+                                                                                            served):
+    """The auto budget's chain: DFLASH's whole round (draft, verify at its width's graphs, commit: at its cost), timed
+    as the step. On a sampling step the drafter's widest tree prices every candidate and DFLASH's accepted lengths
+    calibrate the chain: the tree of the drafter's graph (``served``), else one built from the hidden states DFLASH's
+    eager greedy head was given."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.budget import CHAIN, chain_accepted
+
+    worker, batch, graphs, seen, widths, _ = _dflash_round_worker(monkeypatch)
+    hidden = torch.randn(2 * (worker.block_size - 1), 16, generator=torch.Generator().manual_seed(6))
+    if not served:  # the drafter ran eagerly: DFLASH's greedy head gets the hidden states (no tree head read)
+        def eager_round(self, batch, on_publish=None, grammar_barrier=None):
+            self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=None)
+            seen.append({"runner": self._target_worker.model_runner.decode_cuda_graph_runner})
+            return SimpleNamespace(accept_lens=torch.tensor([3, 1], dtype=torch.int32), can_run_cuda_graph=True)
+
+        monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", eager_round)
+        monkeypatch.setattr(DFlashWorkerV2, "_greedy_sample_from_vocab_parallel_head", lambda self, **kw: None)
+    calls = []
+    worker._ddtree_auto = SimpleNamespace(
+        begin_step=lambda bs, greedy: calls.append("begin") or CHAIN, end_step=lambda: calls.append("end"),
+        interrupt=lambda: None, sampling=sampling,
+        expect=lambda tree: calls.append(("expect", tree.budget, tuple(tree.tokens.shape))),
+        observe=lambda cand, verified, index, length: calls.append(
+            ("observe", cand, verified.budget, chain_accepted(length, verified.budget).sum(1).tolist())),
+    )
+    worker.forward_batch_generation(batch)
+    assert seen[0]["runner"] is graphs and widths == [worker.block_size]
+    depth = worker.block_size - 1
+    sample = [("expect", worker.ddtree_budget, (2, worker.ddtree_budget)), ("observe", CHAIN, depth, [2, 0])]
+    assert calls == ["begin"] + (sample if sampling else []) + ["end"]
+    if sampling and not served:  # the same tree the drafter's graph would have built from these hidden states
+        assert worker._ddtree_kept_hidden is None
+    assert worker._ddtree_keep_hidden is False and worker._ddtree_head.in_round is False
+
+
+@pytest.mark.parametrize(("hybrid", "oracle", "info", "available", "dflash"), [
+    (False, None, None, False, True),
+    (False, None, SimpleNamespace(is_all_greedy=True), False, True),
+    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), True, True),
+    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), False, False),
+    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=torch.tensor([1])), True, False),
+    (True, None, SimpleNamespace(is_all_greedy=True), True, False),
+    (False, "/tmp/oracle.json", SimpleNamespace(is_all_greedy=True), True, False),
+])
+def test_which_chain_steps_dflash_verifies(monkeypatch, hybrid, oracle, info, available, dflash):
+    """DFLASH's round verifies a chain step where it verifies the chain as the tree walk would: not on hybrid targets,
+    not under the test oracle, not a sampled batch without SGLang's sampling-verify kernel or with seeds."""
+    from sglang_ddtree.sglang import testing
+
+    worker, _ = _worker()
+    worker._need_mamba_verify_commit = hybrid
+    worker._ddtree_dflash_samples = available
+    monkeypatch.setattr(testing, "ORACLE_FILE", oracle)
+    assert worker._ddtree_chain_is_dflash(SimpleNamespace(sampling_info=info)) is dflash

@@ -3,6 +3,9 @@
 * ``verify_prep``: tree -> every verify array (tokens, positions, chain-first KV slots and their locations,
   retrieve index) and the tree cells of the FULL_MASK layout written into the backend's mask buffer.
   Reference: ``verify_input.build_verify_arrays(..., backend="torch")``.
+* ``chain_mask``: the tree cells of a chain (causal) written into the mask buffer: what DFLASH's maskless verify
+  means, for a verify CUDA graph that reads the buffer. Reference: ``verify_input.write_chain_mask(...,
+  backend="torch")``.
 * ``walk_commit``: the walk, the commit plan and the KV moves in ONE launch: from the target's token at every node
   (argmax, or the sampled token: the walk is the same) the accepted path, then the emitted tokens, commit lengths,
   new lengths, KV moves, drafter-context rows and last accepted node, and the moves applied to every layer of a
@@ -24,7 +27,7 @@ import triton.language as tl
 from .._alloc import carve
 from .._triton_walk import walk_request
 
-__all__ = ["verify_prep", "walk_commit"]
+__all__ = ["chain_mask", "verify_prep", "walk_commit"]
 
 
 @triton.jit(do_not_specialize=["N", "root_stride", "r2t_stride"])
@@ -81,15 +84,46 @@ def _verify_prep_kernel(
     tl.store(o_retrieve + base + i, tl.where(i < num, base + i, -1), mask=inside)
     tl.store(o_slots + base + i, slot, mask=inside)
     if WRITE_MASK:
-        # request b's block starts after the blocks of requests 0..b-1: M * (their prefixes) + b * M * M cells
-        # (summed 16 requests at a time: the batch size is no compile-time constant, so one variant serves all)
-        prior = b * 0
-        for first in range(0, b, 16):
-            bb = first + tl.arange(0, 16)
-            prior += tl.sum(tl.load(prefix_ptr + bb, mask=bb < b, other=0).to(tl.int64), axis=0)
-        start = m * prior + b * m * m
-        cell = start + i[:, None] * (prefix + m) + prefix + i[None, :]
-        tl.store(mask_ptr + cell, anc, mask=both)
+        _store_mask_cells(mask_ptr, prefix_ptr, b, prefix, m, i, anc, both)
+
+
+@triton.jit
+def _store_mask_cells(mask_ptr, prefix_ptr, b, prefix, m, i, cells, both):
+    """Store request b's [m, m] tree cells (query i, key prefix + j) into the flat FULL_MASK buffer."""
+    # request b's block starts after the blocks of requests 0..b-1: M * (their prefixes) + b * M * M cells
+    # (summed 16 requests at a time: the batch size is no compile-time constant, so one variant serves all)
+    prior = b * 0
+    for first in range(0, b, 16):
+        bb = first + tl.arange(0, 16)
+        prior += tl.sum(tl.load(prefix_ptr + bb, mask=bb < b, other=0).to(tl.int64), axis=0)
+    start = m * prior + b * m * m
+    cell = start + i[:, None] * (prefix + m) + prefix + i[None, :]
+    tl.store(mask_ptr + cell, cells, mask=both)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _chain_mask_kernel(prefix_ptr, mask_ptr, M, NB: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, NB)
+    inside = i < M
+    both = inside[:, None] & inside[None, :]
+    causal = (i[None, :] <= i[:, None]).to(tl.uint8)  # a chain node's ancestors: every node up to itself
+    prefix = tl.load(prefix_ptr + b).to(tl.int64)
+    _store_mask_cells(mask_ptr, prefix_ptr, b, prefix, M, i, causal, both)
+
+
+def chain_mask(mask_buffer, prefix_lens, num_nodes, mask_cells):
+    """Write the tree cells of a ``num_nodes``-token chain per request (lower-triangular: causal) into
+    ``mask_buffer`` in one launch and return its first ``mask_cells`` elements (``verify_input.write_chain_mask``'s
+    Triton path)."""
+    if mask_cells > mask_buffer.numel():
+        raise ValueError(f"chain mask needs {mask_cells} cells, the verify-mask buffer has {mask_buffer.numel()}")
+    bsz = prefix_lens.shape[0]
+    mask_arg = mask_buffer.view(torch.uint8) if mask_buffer.dtype == torch.bool else mask_buffer
+    if bsz > 0:
+        _chain_mask_kernel[(bsz,)](prefix_lens.contiguous(), mask_arg, int(num_nodes),
+                                   NB=max(16, triton.next_power_of_2(int(num_nodes))), num_warps=4)
+    return mask_buffer.view(-1)[:mask_cells]
 
 
 def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, mask_buffer, mask_cells):

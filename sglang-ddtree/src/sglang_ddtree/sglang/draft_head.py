@@ -7,7 +7,8 @@ replay DFLASH reads the tokens from the sampler's ``out`` buffer. DDTREE hands i
 instead: the whole tree (lm_head product, top-k, tree kernel) is captured into the drafter's graphs and written
 into fixed storage (``tree.tree_buffers``), so a decode step spends no host time on it. Reading ``out`` during a
 DDTREE round ends DFLASH's round there (``DraftCaptured``, as the eager path ends it at the greedy head); outside
-one (grammar batches, verified as DFLASH's chain) ``out`` is the drafter's argmax chain, the trees' rank-0 tokens.
+one (grammar batches and the auto budget's chain steps: DFLASH's own rounds) ``out`` is the drafter's argmax chain,
+the trees' rank-0 tokens, and the pass's whole tree stays readable (``served``, ``tree``).
 
 The same ``build`` function makes the tree eagerly when the drafter ran without a graph, so both paths give the
 same tree.
@@ -49,6 +50,7 @@ class TreeDraftHead:
         self.max_bs = int(max_bs)
         self.buffers = tree_buffers(self.max_bs, self.block_size - 1, int(budget), device)
         self.in_round = False  # set by the worker while a DDTREE round runs DFLASH's drafter pass
+        self.served = False  # ``out`` was read outside a DDTREE round: this pass's tree is in the buffers
         self._build = build
         self._views: dict[int, DraftTree] = {}  # tree(bs): the fixed rows' views, made once per batch size
         self._normalizers = normalizers  # False: trees of gathered candidates (TP > 1), no row_max / row_logsum
@@ -68,6 +70,7 @@ class TreeDraftHead:
         """What DFLASH reads after a replay: int64 [max_bs * D] argmax chains; in a DDTREE round, the round's end."""
         if self.in_round:
             raise DraftCaptured(None)
+        self.served = True
         return self.buffers.top1_tokens.view(-1)
 
     def tree(self, bs: int) -> DraftTree:

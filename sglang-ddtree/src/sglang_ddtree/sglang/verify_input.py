@@ -40,6 +40,7 @@ __all__ = [
     "dummy_verify_input_for_capture",
     "mask_numel",
     "tree_block_offsets",
+    "write_chain_mask",
     "write_tree_mask",
 ]
 
@@ -125,6 +126,30 @@ def write_tree_mask(buffer: torch.Tensor, ancestors: torch.Tensor, prefix_lens: 
     offsets = tree_block_offsets(prefix_lens, m)
     buffer.view(-1)[offsets.reshape(-1)] = ancestors.reshape(-1).to(buffer.dtype)
     return buffer.view(-1)[:total]
+
+
+def write_chain_mask(buffer: torch.Tensor, prefix_lens: torch.Tensor, prefix_lens_sum: int, num_nodes: int,
+                     backend: str = "torch") -> torch.Tensor:
+    """Write the tree cells of a chain of ``num_nodes`` tokens per request (lower-triangular: each token sees itself
+    and the tokens before it, the causal mask) into ``buffer``; return the view SGLang's verify reads.
+
+    DFLASH's verify brings no mask (a chain is causal), but a DDTREE server's target verify graphs were all captured
+    reading the mask buffer: before DFLASH's own round replays the graph of its width, this makes the buffer say what
+    its causal verify means. ``backend="triton"``: one launch (``_triton_glue.chain_mask``); "torch":
+    :func:`write_tree_mask` of the chain's ancestor matrix.
+
+    Args:
+        buffer: the backend's flat verify-mask buffer (at least ``mask_numel(prefix_lens_sum, B, num_nodes)``).
+        prefix_lens: int [B]; prefix_lens_sum: its host-known sum (or an upper bound of it).
+        num_nodes: tokens verified per request (the drafter's block for DFLASH).
+    """
+    bsz, m = int(prefix_lens.shape[0]), int(num_nodes)
+    if backend == "triton":
+        from ._triton_glue import chain_mask
+
+        return chain_mask(buffer, prefix_lens, m, mask_numel(prefix_lens_sum, bsz, m))
+    causal = torch.ones((m, m), dtype=torch.bool, device=prefix_lens.device).tril()
+    return write_tree_mask(buffer, causal.expand(bsz, m, m), prefix_lens, prefix_lens_sum)
 
 
 def chain_first_slots(tree: Any) -> torch.Tensor:

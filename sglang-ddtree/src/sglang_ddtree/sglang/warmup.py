@@ -9,7 +9,8 @@ estimate the per-step choice is made from.
 ``warm_round_kernels`` runs the round's glue once per candidate on a one-request batch of dummy tensors made with the
 round's own dtypes and row strides (the same variants are compiled): the tree from drafter logits (or, at TP > 1, from
 gathered candidate lists), the candidate's tree (``tree_prefix``, ``chain_tree``), the verify arrays with and
-without the backend's mask buffer, and the walk + commit plan + KV move kernel (on a dummy buffer: the plan moves
+without the backend's mask buffer, the causal cells of DFLASH's block (its rounds: grammar batches, the auto
+budget's chain steps), and the walk + commit plan + KV move kernel (on a dummy buffer: the plan moves
 nothing). It touches no server state. The worker runs it after its CUDA graphs are captured
 (``DDTreeWorker.init_cuda_graphs``); on the CPU the tests run it in Triton's interpreter.
 """
@@ -25,7 +26,7 @@ from ..budget import CHAIN, tree_prefix
 from ..tree import build_tree, build_tree_from_topk, chain_tree
 from ..verify import greedy_walk
 from .commit import commit_plan
-from .verify_input import build_verify_arrays, mask_numel
+from .verify_input import build_verify_arrays, mask_numel, write_chain_mask
 
 __all__ = ["warm_round_kernels"]
 
@@ -107,6 +108,10 @@ def warm_round_kernels(
             index, length, bonus = greedy_walk(verified, target, backend=backend)
             commit_plan(index, length, bonus, arrays.slots, arrays.out_cache_loc, verified.tokens, prefix)
         widths.append(m)
+    if mask_dtype is not None:  # DFLASH's rounds (grammar batches, chain steps) write the block's causal cells
+        block = depth + 1
+        write_chain_mask(torch.zeros(mask_numel(1, 1, block), dtype=mask_dtype, device=device),
+                         torch.ones(1, dtype=seq_dtype, device=device), 1, block, backend=backend)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {"widths": widths, "seconds": round(time.monotonic() - t0, 3)}

@@ -13,7 +13,9 @@ Per decode round (batch of B requests, budget N, drafter block size S = max dept
    top-k + global log-normaliser gathered across TP ranks and ``build_tree_from_topk`` (TP > 1).
    With ``SGLANG_DDTREE_BUDGET=auto`` (``auto_budget.py``) the step verifies the candidate chosen for it: the
    tree's first n nodes (the budget-n tree) or the drafter's argmax chain, at that width, with CUDA graphs
-   captured for each width; the widest tree still gives every candidate's expected acceptance.
+   captured for each width; the widest tree still gives every candidate's expected acceptance. A chain step is
+   DFLASH's own round, whole (its verify at its width's graphs, the causal cells written into the mask buffer
+   those graphs read), so it costs what DFLASH's round costs (``_ddtree_dflash_round``).
 3. Verify: ``DDTreeVerifyInput`` with N+1 tokens per request (positions prefix + depth, tree mask in the
    backends' FULL layout, retrieve arrays, each node's KV slot: the argmax chain's nodes at their own depth),
    the target's TARGET_VERIFY forward, then the core's greedy walk (or its exactly lossless ``sampling_walk``
@@ -54,7 +56,7 @@ from .commit import CommitPlan, commit_plan, tree_mamba_commit_indices
 from .draft_head import DraftCaptured, TreeDraftHead
 from .server_args import DDTreeConfigError, current_block_size, lm_head_refusal
 from .tp_topk import resolve_tp_group, sharded_candidates
-from .verify_input import build_verify_arrays, mask_numel
+from .verify_input import build_verify_arrays, mask_numel, write_chain_mask
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,9 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_width_runners: dict | None = None  # {verify width: the target's decode graph runner} (auto budget only)
     _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
     _ddtree_head: TreeDraftHead | None = None  # the tree inside the drafter's CUDA graphs (draft_head.py)
+    _ddtree_dflash_samples = False  # SGLang's sampling verify kernel is there (DFLASH verifies sampled chains)
+    _ddtree_keep_hidden = False  # a chain step's sample: keep the hidden states DFLASH's greedy head is given
+    _ddtree_kept_hidden: torch.Tensor | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -174,6 +179,12 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_prepare_kwargs = {"defer_metadata_init": False} if takes else {}
         if self._need_mamba_verify_commit:
             self._ddtree_track_interval_value = self._ddtree_track_interval()
+        try:
+            from sglang.srt.speculative.dflash_utils import is_dflash_sampling_verify_available
+
+            self._ddtree_dflash_samples = bool(is_dflash_sampling_verify_available())
+        except ImportError:  # pragma: no cover - every supported version has it
+            self._ddtree_dflash_samples = False
 
     def _ddtree_setup_auto_budget(self, block_size: int) -> None:
         """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, or the fixed
@@ -357,6 +368,8 @@ class DDTreeWorker(DFlashWorkerV2):
     def _greedy_sample_from_vocab_parallel_head(self, *args: Any, **kwargs: Any):
         if self._ddtree_capturing:
             raise DraftCaptured(kwargs.get("hidden_states", args[0] if args else None))
+        if self._ddtree_keep_hidden:  # a chain step's sample: its tree is built from them after DFLASH's round
+            self._ddtree_kept_hidden = kwargs.get("hidden_states", args[0] if args else None)
         return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
@@ -374,6 +387,10 @@ class DDTreeWorker(DFlashWorkerV2):
         if auto is not None:  # times the whole round; sampled rounds have their own calibration and expectations
             greedy = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", True)
             candidate = auto.begin_step(len(batch.seq_lens), greedy=bool(greedy))
+            if candidate == CHAIN and self._ddtree_chain_is_dflash(batch):
+                result = self._ddtree_dflash_round(batch, on_publish, grammar_barrier, chain_step=True)
+                auto.end_step()
+                return result
         head = self._ddtree_head
         self._ddtree_capturing = True
         if head is not None:
@@ -395,21 +412,93 @@ class DDTreeWorker(DFlashWorkerV2):
             auto.end_step()
         return result
 
-    def _ddtree_dflash_round(self, batch, on_publish, grammar_barrier):
-        """DFLASH's own round, whole, with the target's verify run without CUDA graphs.
+    def _ddtree_chain_is_dflash(self, batch) -> bool:
+        """Whether an auto-budget chain step runs as DFLASH's own round (:meth:`_ddtree_dflash_round`): at DFLASH's
+        cost, without the tree glue around its verify (which cost 0.6-1.1 ms a round more on the host-bound trained
+        pair, H100 12-07). Not on hybrid linear-attention targets (their verify graphs also read the tree's parent
+        links, which DFLASH's verify does not refill), not under the test oracle (DFLASH drafts from the drafter
+        itself), and not for a sampling batch that DFLASH would verify otherwise than the tree walk does: without
+        SGLang's sampling-verify kernel (DFLASH then verifies by argmax) or with per-request seeds (the tree walk
+        draws SGLang's seeded tokens, DFLASH's rejection sampling does not)."""
+        if self._need_mamba_verify_commit or testing.ORACLE_FILE:
+            return False
+        info = getattr(batch, "sampling_info", None)
+        if info is None or getattr(info, "is_all_greedy", True):
+            return True
+        return self._ddtree_dflash_samples and getattr(info, "sampling_seed", None) is None
+
+    def _ddtree_dflash_round(self, batch, on_publish, grammar_barrier, chain_step: bool = False):
+        """DFLASH's own round, whole: a grammar batch, or (``chain_step``) the auto budget's chain.
 
         DFLASH's verify carries no custom mask (a chain is causal), while every target verify graph of a DDTREE
-        server was captured reading the tree-mask buffer (``hooks.graph_get_spec_info_hook``) and SGLang copies a
-        mask into that buffer only when the step brings one: a graph of DFLASH's width (the auto budget's chain
-        width, or a fixed budget of block - 1) replayed for this round would read the mask a tree round left there.
-        Eagerly the verify takes SGLang's causal attention, as it does on a server without a graph of that width."""
+        server was captured reading the tree-mask buffer (``hooks.graph_get_spec_info_hook``), and SGLang copies a
+        mask into that buffer only when the step brings one. So the chain's causal cells are written into the buffer
+        first (``verify_input.write_chain_mask``, one launch) and the graphs of DFLASH's width are selected (the
+        auto budget captures them; with a fixed budget only block - 1 has that width, other widths' runners decline
+        the step and it runs eagerly). Where that cannot be done (no mask buffer, or a hybrid linear-attention
+        target, whose graphs also read the tree's parent links) the verify runs without graphs.
+
+        A chain step also feeds the auto budget on its sampling steps: the widest tree of the drafter's pass (built
+        inside its graph by the tree head, or from the hidden states DFLASH's greedy head was given) prices every
+        candidate (``AutoBudget.expect``), and DFLASH's accepted length calibrates the chain (``observe``)."""
         model_runner = self.target_worker.model_runner
         graphs = model_runner.decode_cuda_graph_runner
-        model_runner.decode_cuda_graph_runner = None  # SGLang's forward replays a graph only when it has a runner
+        graphed = graphs is not None and not self._need_mamba_verify_commit and self._ddtree_write_chain_mask(batch)
+        if graphed:
+            self._ddtree_select_width(self.block_size)
+        else:
+            model_runner.decode_cuda_graph_runner = None  # SGLang's forward replays a graph only when it has a runner
+        sample = chain_step and bool(getattr(self._ddtree_auto, "sampling", False))
+        head = self._ddtree_head
+        if head is not None:
+            head.served = False
+        self._ddtree_kept_hidden = None
+        self._ddtree_keep_hidden = sample
         try:
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+            result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         finally:
-            model_runner.decode_cuda_graph_runner = graphs
+            self._ddtree_keep_hidden = False
+            if not graphed:
+                model_runner.decode_cuda_graph_runner = graphs
+        if chain_step:
+            self._ddtree_chain_observed(batch, result, sample)
+        return result
+
+    def _ddtree_write_chain_mask(self, batch) -> bool:
+        """Write the causal cells of DFLASH's block verify into the target's mask buffer; False when it has none or
+        the batch's mask does not fit in it."""
+        bs = len(batch.seq_lens)
+        bound = self._ddtree_prefix_sum_bound(batch)
+        buffer = self._ddtree_mask_buffer(bs, bound, self.block_size)
+        if buffer is None:
+            return False
+        write_chain_mask(buffer, batch.seq_lens, bound, self.block_size, backend=self._ddtree_glue)
+        return True
+
+    def _ddtree_chain_observed(self, batch, result, sample: bool) -> None:
+        """After a chain step run as DFLASH's round: on a sampling step, the expectations of the drafter's widest
+        tree and the chain's calibration from DFLASH's accepted lengths; the test stats record."""
+        bs = len(batch.seq_lens)
+        accepted = result.accept_lens.to(torch.int64) - 1  # DFLASH's commit lengths: accepted drafts + the bonus
+        tree = None
+        if sample:
+            head = self._ddtree_head
+            if head is not None and head.served:  # the drafter's graph built it
+                tree = head.tree(bs)
+            elif self._ddtree_kept_hidden is not None:
+                tree = self._ddtree_tree_from_hidden(
+                    self._ddtree_kept_hidden, bs, self._ddtree_lm_head(), self._ddtree_tp_group,
+                    self._ddtree_vocab_size,
+                )
+            self._ddtree_kept_hidden = None
+        if tree is not None:
+            self._ddtree_auto.expect(tree)
+            self._ddtree_auto.observe(CHAIN, chain_tree(tree), None, accepted)
+        if testing.STATS_FILE:
+            testing.write_stats({
+                "bs": bs, "width": self.block_size, "graph": bool(result.can_run_cuda_graph), "tree_in_graph": False,
+                "dflash_round": True, "accept_len": accepted.tolist(), "nonfirst": [0] * bs, "moves": 0,
+            })
 
     def ddtree_budget_state(self) -> dict:
         """``/get_server_info``'s ``internal_states[i].ddtree_budget`` (hooks.scheduler_internal_state_hook), from
@@ -457,6 +546,15 @@ class DDTreeWorker(DFlashWorkerV2):
         return build_tree_from_topk(logprobs, tokens, self.ddtree_budget, out=out)
 
     # --- 3) verify input -------------------------------------------------------------------------------------
+    def _ddtree_prefix_sum_bound(self, batch) -> int:
+        """Host-known bound of the batch's prefix lengths' sum (sizes the mask; its layout is computed on device)."""
+        if batch.seq_lens_cpu is not None:
+            return int(batch.seq_lens_cpu.sum())
+        draft_input = batch.spec_info
+        return int(getattr(draft_input, "reserved_seq_lens_sum", None)
+                   or getattr(draft_input, "nxt_kv_lens_sum", None)
+                   or len(batch.seq_lens) * self.model_runner.model_config.context_len)
+
     def _ddtree_mask_buffer(self, bs: int, prefix_lens_sum: int, num_nodes: int):
         """The target attention backend's verify-mask buffer when this batch's mask (``num_nodes`` tokens per
         request) fits in it (the tree cells are then written into it in place), else None (the whole mask is
@@ -633,14 +731,8 @@ class DDTreeWorker(DFlashWorkerV2):
         tree = self._ddtree_verified_tree(tree, candidate)
         m = tree.budget + 1
 
-        # Host-known bound of the prefix lengths (sizes the mask; the layout itself is computed on device).
         seq_lens_cpu = batch.seq_lens_cpu
-        if seq_lens_cpu is not None:
-            prefix_sum_bound = int(seq_lens_cpu.sum())
-        else:
-            prefix_sum_bound = int(getattr(draft_input, "reserved_seq_lens_sum", None)
-                                   or getattr(draft_input, "nxt_kv_lens_sum", None)
-                                   or bs * self.model_runner.model_config.context_len)
+        prefix_sum_bound = self._ddtree_prefix_sum_bound(batch)
         arrays = self._ddtree_verify_inputs(
             tree, root_tokens, prefix_lens, prefix_sum_bound, req_to_token, batch.req_pool_indices
         )
