@@ -222,7 +222,7 @@ def main() -> int:
         configs.append(("ddtree-b16-before", 16, False))
     if args.auto:  # every step verifies the candidate the auto budget chose, at that width with its graphs
         configs.append(("ddtree-auto", max(budgets), True))
-    if args.chain:  # under the test oracle the tree glue verifies a chain step: natural drafts test DFLASH's round
+    if args.chain:  # DFLASH's round (under the oracle it drafts the oracle's chain: accepted up to the first rank 2)
         configs.append(("ddtree-chain", max(budgets), True))
     for name, budget, fixed in configs:
         env = {} if args.natural else {"SGLANG_DDTREE_TEST_ORACLE": str(oracle)}

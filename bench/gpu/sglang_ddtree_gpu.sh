@@ -5,7 +5,7 @@
 #   bash bench/gpu/sglang_ddtree_gpu.sh STAGE OUT_DIR
 #
 # STAGE: install | models | measure | all | models-hybrid | measure-hybrid | measure-hybrid-extra | lossless |
-# lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check; BUDGETS, BEFORE=1, AUTO=1: also SGLANG_DDTREE_BUDGET=auto)
+# lossless-hybrid (bench/gpu/lossless.py: issue 13's forced-branch equality + graph-vs-eager check; BUDGETS, BEFORE=1, AUTO=1: also SGLANG_DDTREE_BUDGET=auto and =chain)
 # | models-flat | sampling (the temperature-1 test on a flat target) | train-pair | tau (issue 15) | step-cost (issue 18). measure starts
 # 5 engines (the first about 100 s, mostly Triton JIT and CUDA-graph capture, later ones about 35 s): run it as its
 # own command to stay under a 10-minute limit (likewise each measure-hybrid* stage: 2 engines each).
@@ -122,10 +122,10 @@ PY
   models-hybrid) make_hybrid_models ;;
   lossless)  # issue 13 on the pure-attention target: forced deep/branching acceptance, graph vs eager, before/after
     "$PY" bench/gpu/lossless.py --models "$OUT/models" --work "$OUT/lossless-pure" --label pure \
-      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ${AUTO:+--auto} ;;
+      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ${AUTO:+--auto --chain} ;;
   lossless-hybrid)  # the same on the hybrid GatedDeltaNet target (models-hybrid first)
     "$PY" bench/gpu/lossless.py --models "$OUT/models-hybrid" --work "$OUT/lossless-hybrid" --label hybrid \
-      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ${AUTO:+--auto} ;;
+      --budgets "${BUDGETS:-4,8,16}" ${BEFORE:+--before} ${AUTO:+--auto --chain} ;;
   train-pair)  # issue 15: the trained target + DFlash drafter (bench/gpu/train_pair.py; ~8 min on the H200)
     "$PY" bench/gpu/train_pair.py --out "$OUT/pair" ;;
   tau)  # issue 15's table on the trained pair (train-pair first, in the same machine session)

@@ -953,11 +953,12 @@ def test_an_auto_chain_step_is_dflashs_own_round_and_feeds_the_calibration_on_sa
     (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), False, False),
     (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=torch.tensor([1])), True, False),
     (True, None, SimpleNamespace(is_all_greedy=True), True, False),
-    (False, "/tmp/oracle.json", SimpleNamespace(is_all_greedy=True), True, False),
+    (False, "/tmp/oracle.json", SimpleNamespace(is_all_greedy=True), True, True),
 ])
 def test_which_chain_steps_dflash_verifies(monkeypatch, hybrid, oracle, info, available, dflash):
     """DFLASH's round verifies a chain step where it verifies the chain as the tree walk would: not on hybrid targets,
-    not under the test oracle, not a sampled batch without SGLang's sampling-verify kernel or with seeds."""
+    not a sampled batch without SGLang's sampling-verify kernel or with seeds (the test oracle: its chain is drafted,
+    ``test_under_the_oracle_dflashs_round_drafts_the_oracles_chain``)."""
     from sglang_ddtree.sglang import testing
 
     worker, _ = _worker()
@@ -965,3 +966,43 @@ def test_which_chain_steps_dflash_verifies(monkeypatch, hybrid, oracle, info, av
     worker._ddtree_dflash_samples = available
     monkeypatch.setattr(testing, "ORACLE_FILE", oracle)
     assert worker._ddtree_chain_is_dflash(SimpleNamespace(sampling_info=info)) is dflash
+
+
+def test_under_the_oracle_dflashs_round_drafts_the_oracles_chain(monkeypatch, tmp_path):
+    """Test-only (the GPU lossless run's oracle): a chain step run as DFLASH's round drafts the argmax chain of the
+    drafter's logits with the oracle's continuation forced in, as the tree of a tree round gets them (so the chain
+    is accepted deep and the causal cells are exercised), and only while that round runs."""
+    import json
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.sglang import testing
+
+    worker, batch, *_ = _dflash_round_worker(monkeypatch)
+    depth = worker.block_size - 1
+    prompt, continuation = [5, 6, 7], [11, 12, 13, 14, 15, 16]
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps({"items": [{"prompt": prompt, "continuation": continuation}], "ranks": [1]}))
+    monkeypatch.setattr(testing, "ORACLE_FILE", str(oracle))
+    monkeypatch.setattr(testing, "_oracle", None)
+    batch.reqs = [SimpleNamespace(origin_input_ids=prompt), SimpleNamespace(origin_input_ids=[9])]
+    batch.seq_lens = torch.tensor([3, 2])  # request 0: its prompt; the root (not in the cache yet): continuation[0]
+    worker._draft_block_ids_buf = torch.tensor([[11, 0, 0, 0, 0], [3, 0, 0, 0, 0]])
+    worker._target_worker.model_runner.model.lm_head.weight = torch.randn(40, 16)
+    worker._ddtree_auto = None
+    hidden = torch.randn(2 * depth, 16)
+    drafted = []
+
+    def eager_round(self, batch, on_publish=None, grammar_barrier=None):
+        drafted.append(self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=None))
+        return SimpleNamespace(accept_lens=torch.tensor([3, 1], dtype=torch.int32), can_run_cuda_graph=True)
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", eager_round)
+    monkeypatch.setattr(DFlashWorkerV2, "_greedy_sample_from_vocab_parallel_head", lambda self, **kw: "DFLASH's own")
+    worker._ddtree_dflash_round(batch, None, None, chain_step=True)
+    chain = drafted[0].view(2, depth)
+    assert chain[0].tolist() == continuation[1:1 + depth]  # forced at rank 1: the chain is the continuation
+    lm = worker._target_worker.model_runner.model.lm_head.weight
+    assert chain[1].tolist() == torch.argmax(hidden.view(2, depth, 16)[1] @ lm.t(), -1).tolist()  # unknown prompt
+    assert worker._ddtree_oracle_batch is None
+    assert worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden) == "DFLASH's own"  # no round: SGLang's

@@ -129,6 +129,8 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_dflash_samples = False  # SGLang's sampling verify kernel is there (DFLASH verifies sampled chains)
     _ddtree_keep_hidden = False  # a chain step's sample: keep the hidden states DFLASH's greedy head is given
     _ddtree_kept_hidden: torch.Tensor | None = None
+    _ddtree_oracle_batch: Any = None  # test-only (testing.ORACLE_FILE): the batch of the DFLASH round running
+    _ddtree_oracle_force: tuple | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -368,9 +370,26 @@ class DDTreeWorker(DFlashWorkerV2):
     def _greedy_sample_from_vocab_parallel_head(self, *args: Any, **kwargs: Any):
         if self._ddtree_capturing:
             raise DraftCaptured(kwargs.get("hidden_states", args[0] if args else None))
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
         if self._ddtree_keep_hidden:  # a chain step's sample: its tree is built from them after DFLASH's round
-            self._ddtree_kept_hidden = kwargs.get("hidden_states", args[0] if args else None)
+            self._ddtree_kept_hidden = hidden
+        if self._ddtree_oracle_batch is not None:  # test-only: DFLASH's round drafts the oracle's chain
+            return self._ddtree_oracle_chain(hidden)
         return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
+
+    def _ddtree_oracle_chain(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Test-only (``testing.ORACLE_FILE``): int64 [B*D], the argmax chain of the drafter's logits with the
+        oracle's tokens forced in (``testing.forced_draft_logits``), as the tree of a DDTREE round gets them; the
+        force is kept for the chain step's sample."""
+        batch = self._ddtree_oracle_batch
+        bs, depth = len(batch.seq_lens), self.block_size - 1
+        lm_head = self._ddtree_lm_head()
+        logits = torch.matmul(hidden.to(lm_head.weight.dtype), lm_head.weight.t())
+        logits = logits[:, : self._ddtree_vocab_size or logits.shape[-1]].reshape(bs, depth, -1)
+        force = testing.oracle_tokens(getattr(batch, "reqs", None), batch.seq_lens, self._draft_block_ids_buf[:bs, 0],
+                                      depth)
+        self._ddtree_oracle_force = force
+        return torch.argmax(testing.forced_draft_logits(logits, *force), dim=-1).reshape(-1)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         auto = self._ddtree_auto
@@ -416,11 +435,10 @@ class DDTreeWorker(DFlashWorkerV2):
         """Whether an auto-budget chain step runs as DFLASH's own round (:meth:`_ddtree_dflash_round`): at DFLASH's
         cost, without the tree glue around its verify (which cost 0.6-1.1 ms a round more on the host-bound trained
         pair, H100 12-07). Not on hybrid linear-attention targets (their verify graphs also read the tree's parent
-        links, which DFLASH's verify does not refill), not under the test oracle (DFLASH drafts from the drafter
-        itself), and not for a sampling batch that DFLASH would verify otherwise than the tree walk does: without
-        SGLang's sampling-verify kernel (DFLASH then verifies by argmax) or with per-request seeds (the tree walk
-        draws SGLang's seeded tokens, DFLASH's rejection sampling does not)."""
-        if self._need_mamba_verify_commit or testing.ORACLE_FILE:
+        links, which DFLASH's verify does not refill), and not for a sampling batch that DFLASH would verify otherwise
+        than the tree walk does: without SGLang's sampling-verify kernel (DFLASH then verifies by argmax) or with
+        per-request seeds (the tree walk draws SGLang's seeded tokens, DFLASH's rejection sampling does not)."""
+        if self._need_mamba_verify_commit:
             return False
         info = getattr(batch, "sampling_info", None)
         if info is None or getattr(info, "is_all_greedy", True):
@@ -454,10 +472,13 @@ class DDTreeWorker(DFlashWorkerV2):
             head.served = False
         self._ddtree_kept_hidden = None
         self._ddtree_keep_hidden = sample
+        self._ddtree_oracle_force = None
+        self._ddtree_oracle_batch = batch if testing.ORACLE_FILE else None  # test-only: the oracle's chain
         try:
             result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         finally:
             self._ddtree_keep_hidden = False
+            self._ddtree_oracle_batch = None
             if not graphed:
                 model_runner.decode_cuda_graph_runner = graphs
         if chain_step:
@@ -488,7 +509,7 @@ class DDTreeWorker(DFlashWorkerV2):
             elif self._ddtree_kept_hidden is not None:
                 tree = self._ddtree_tree_from_hidden(
                     self._ddtree_kept_hidden, bs, self._ddtree_lm_head(), self._ddtree_tp_group,
-                    self._ddtree_vocab_size,
+                    self._ddtree_vocab_size, self._ddtree_oracle_force,
                 )
             self._ddtree_kept_hidden = None
         if tree is not None:
