@@ -52,16 +52,27 @@ def fixed_taus(tau_rows: list[dict]) -> dict[tuple[float, int], dict[str, float]
 
 
 def step_costs(cost_rows: list[dict], context: int = 128) -> dict[int, dict[str, float]]:
-    """{batch: {candidate name: ms per step}} at ``context``: DFLASH's as the chain, each row's DDTREE budget."""
+    """{batch: {candidate name: ms per step}} at ``context``: each row's DDTREE budget; the chain as auto verifies it
+    (DFLASH's round inside the DDTREE engine: step_cost.py's ``--ab chain:SGLANG_DDTREE_BUDGET=chain`` field
+    ``ddtree_chain_ms``) where measured, else DFLASH's own step; a budget held under a wider server
+    (``--ab b4:SGLANG_DDTREE_BUDGET=4``: ``ddtree_b4_ms``, as auto verifies it) where no fixed engine of it ran."""
     out: dict[int, dict[str, float]] = {}
+    held: list[tuple[int, str, float]] = []
     for r in cost_rows:
         if int(r.get("context", context)) != context:
             continue
         cell = out.setdefault(int(r["batch"]), {})
-        if r.get("dflash_ms"):
-            cell[CHAIN_NAME] = float(r["dflash_ms"])
+        for key, value in r.items():
+            if key.startswith("ddtree_b") and key.endswith("_ms") and key[8:-3].isdigit() and value:
+                held.append((int(r["batch"]), key[8:-3], float(value)))
+        if r.get("ddtree_chain_ms"):
+            cell[CHAIN_NAME] = float(r["ddtree_chain_ms"])
+        elif r.get("dflash_ms"):
+            cell.setdefault(CHAIN_NAME, float(r["dflash_ms"]))
         if r.get("ddtree_ms"):
             cell[str(int(r["budget"]))] = float(r["ddtree_ms"])
+    for batch, name, ms in held:
+        out[batch].setdefault(name, ms)
     return out
 
 

@@ -84,3 +84,18 @@ def test_candidates_held_in_autos_engine_stand_in_only_where_no_fixed_engine_ran
     taus = proj.fixed_taus(constructed_tau + held)
     assert taus[(0.0, 1)] == {"chain": 3.0, "16": 3.7, "32": 4.0, "8": 3.3}  # DFLASH's and the fixed engines' kept
     assert proj.fixed_taus(held) == {(0.0, 1): {"chain": 2.9, "16": 3.6, "8": 3.3}}
+
+
+def test_held_budgets_and_the_ddtree_engines_chain_are_priced_as_auto_verifies_them():
+    """step_cost.py's --ab fields: ``ddtree_b4_ms`` (budget 4 held under a wider server) becomes candidate 4 where no
+    fixed engine of it ran; ``ddtree_chain_ms`` (DFLASH's round inside the DDTREE engine, auto's chain) replaces
+    DFLASH's own step as the chain's cost; rows without it keep DFLASH's."""
+    rows = [
+        {"batch": 8, "budget": 16, "context": 128, "dflash_ms": 8.6, "ddtree_ms": 8.3, "ddtree_b4_ms": 7.6,
+         "ddtree_chain_ms": 8.1},
+        {"batch": 8, "budget": 4, "context": 128, "dflash_ms": 8.6, "ddtree_ms": 7.0},  # a fixed engine of 4: kept
+        {"batch": 32, "budget": 16, "context": 128, "dflash_ms": 20.0, "ddtree_ms": 20.0, "ddtree_b4_ms": 10.7},
+    ]
+    costs = proj.step_costs(rows)
+    assert costs[8] == {"chain": 8.1, "16": 8.3, "4": 7.0}
+    assert costs[32] == {"chain": 20.0, "16": 20.0, "4": 10.7}
