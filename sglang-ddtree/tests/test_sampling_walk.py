@@ -11,7 +11,7 @@ import torch
 from ddtree_testlib import chi2_test, naive_children
 
 from sglang_ddtree.tree import build_tree
-from sglang_ddtree.verify import greedy_walk, sample_tokens, sampling_walk
+from sglang_ddtree.verify import greedy_walk, race_tokens, sample_tokens, sampling_walk
 
 VOCAB = 4
 SAMPLES = 40_000
@@ -149,6 +149,22 @@ def test_sample_tokens_edges(device):
     w = torch.tensor([[2.0, 0.0, 6.0]], device=device)
     assert sample_tokens(w, torch.tensor([0.3], device=device)).tolist() == [2]
     assert sample_tokens(w, torch.tensor([0.2], device=device)).tolist() == [0]
+
+
+def test_race_tokens_draw_each_row_from_its_weights(device):
+    """The exponential race the worker samples every node with: each row's draws follow its (unnormalised) weights
+    (chi-square against the exact distribution, fixed seed), a weight of 0 is never drawn, and a row with a single
+    positive weight always draws it."""
+    gen = torch.Generator(device=device).manual_seed(11)
+    weights = torch.tensor([[1.0, 2.0, 0.0, 3.0, 4.0], [0.0, 0.0, 5.0, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1, 9.6]],
+                           device=device)
+    draws = race_tokens(weights.unsqueeze(0).expand(SAMPLES, 3, 5), generator=gen)
+    assert draws.shape == (SAMPLES, 3) and draws.dtype == torch.int64
+    assert (draws[:, 0] != 2).all() and (draws[:, 1] == 2).all()
+    for row in (0, 2):
+        counts = Counter(draws[:, row].tolist())
+        exact = {t: float(w) / float(weights[row].sum()) for t, w in enumerate(weights[row].tolist())}
+        assert chi2_test(counts, exact) > 1e-3, (row, counts)
 
 
 def test_sampling_walk_rejects_bad_shapes(device):

@@ -50,7 +50,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..budget import BUDGET_ENV, CHAIN, fixed_budget_report, parse_budget_option, tree_prefix
 from ..tree import DraftTree, build_tree, build_tree_from_topk, chain_tree, resolve_backend
-from ..verify import greedy_walk, sample_tokens
+from ..verify import greedy_walk, race_tokens
 from . import testing
 from .commit import CommitPlan, commit_plan, tree_mamba_commit_indices
 from .draft_head import DraftCaptured, TreeDraftHead
@@ -598,8 +598,8 @@ class DDTreeWorker(DFlashWorkerV2):
     def _ddtree_target_tokens(self, arrays, next_token_logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
         """int64 [bs, M]: the target's token at every node, which the walk follows: the argmax (greedy), the token
         SGLang's seeded sampler draws there (same seed, same position as without speculation), or a draw from the
-        node's filtered distribution with its own uniform (``verify.sample_tokens``: the walk over these is
-        ``verify.sampling_walk``, exactly lossless).
+        node's filtered distribution (``verify.race_tokens``, the exponential race: no float64 CDF of [bs, M, V];
+        the walk over these is ``verify.sampling_walk``'s, exactly lossless).
 
         First SGLang's own DFLASH verify adjustments (``apply_dflash_verify_logits_adjustments``: custom logit
         processors, the penalizers' accumulated penalties of the committed output, min_new_tokens, logit_bias)
@@ -618,8 +618,7 @@ class DDTreeWorker(DFlashWorkerV2):
             return torch.argmax(logits, dim=-1)
         if getattr(sampling_info, "sampling_seed", None) is not None:
             return _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m))
-        uniforms = torch.rand((bs, m), device=logits.device, dtype=torch.float64)
-        return sample_tokens(_target_probs(logits, sampling_info), uniforms)
+        return race_tokens(_target_probs(logits, sampling_info))
 
     def _ddtree_walk_commit(self, tree, arrays, target: torch.Tensor, prefix_lens, kv_pool):
         """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan) of the walk along ``target``
