@@ -27,7 +27,8 @@ Verdicts (``classify``):
                            name the option, malformed JSON
 
 Rows: the request catalogue (``catalogue``: greedy with frequency / presence / repetition penalties, logit_bias,
-min_new_tokens, stop token ids, stop strings, a custom logit processor, n = 2, max_new_tokens 1, an empty prompt,
+min_new_tokens, stop token ids, stop strings, a custom logit processor, n = 2, max_new_tokens 1, a regex grammar
+(DDTREE verifies grammar batches as DFLASH's round), an empty prompt,
 prompts at and past the context limit, return_logprob with top_logprobs_num compared within --logprob-tol) on
 ``/generate`` and ``/v1/chat/completions``; 64 concurrent mixed requests (streaming, streams closed mid-way,
 plain) with ``/health`` and the KV pool's used tokens (``/v1/loads`` ``num_used_tokens`` in SGLang 0.5.17:
@@ -337,6 +338,11 @@ def serialized_disallowed_tokens_processor() -> str:
     return DisallowedTokensLogitsProcessor.to_str()
 
 
+#: A constrained-decoding request's grammar (SGLang's ``regex`` sampling parameter): digits and spaces, which a plain
+#: answer of a language model rarely is, so the grammar changes it.
+GRAMMAR_REGEX = "[0-9]+( [0-9]+)*"
+
+
 def _generate(prompt: list[int], **params: Any) -> dict:
     extra = {k: params.pop(k) for k in list(params) if k in ("return_logprob", "top_logprobs_num",
                                                              "custom_logit_processor", "input_ids", "text")}
@@ -392,6 +398,8 @@ def catalogue(
         *_shared_cases(GENERATE, lambda **p: _generate(prompt, **p), plain, processor, "min_new_tokens",
                        "min_new_tokens"),
         Case("max_new_tokens 1", GENERATE, _generate(prompt, ignore_eos=True, max_new_tokens=1), "max_new_tokens"),
+        # a grammar batch: DDTREE verifies it as DFLASH's round (the drafter's chain, the grammar's mask)
+        Case(f"regex {GRAMMAR_REGEX!r} (grammar)", GENERATE, _generate(prompt, regex=GRAMMAR_REGEX), "regex"),
         Case("empty prompt", GENERATE, _generate(prompt, ignore_eos=True, text=""), "text", changes_plain=False),
         Case(f"prompt at the context limit ({context_length} tokens in all)", GENERATE,
              _generate((prompt * (context_length // len(prompt) + 1))[: context_length - NEW_TOKENS],

@@ -236,6 +236,8 @@ def test_catalogue_builds_each_feature_from_the_plain_answer():
     assert gen("custom_logit_processor")["sampling_params"]["custom_params"] == {"token_ids": [PLAIN[1], PLAIN[4]]}
     assert gen("n")["sampling_params"]["n"] == 2
     assert gen("max_new_tokens")["sampling_params"]["max_new_tokens"] == 1
+    assert gen("regex")["sampling_params"]["regex"] == hs.GRAMMAR_REGEX
+    assert "ignore_eos" not in gen("regex")["sampling_params"]  # the grammar ends the answer where it completes
     assert gen("text")["text"] == "" and "input_ids" not in gen("text")
     assert gen("return_logprob")["return_logprob"] is True and gen("return_logprob")["top_logprobs_num"] == 5
     at_limit = next(c for c in cases if c.feature.startswith("prompt at the context limit")).body
