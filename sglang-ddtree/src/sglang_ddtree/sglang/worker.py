@@ -130,7 +130,7 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_keep_hidden = False  # a chain step's sample: keep the hidden states DFLASH's greedy head is given
     _ddtree_kept_hidden: torch.Tensor | None = None
     _ddtree_oracle_batch: Any = None  # test-only (testing.ORACLE_FILE): the batch of the DFLASH round running
-    _ddtree_oracle_force: tuple | None = None
+    _ddtree_oracle_tree: DraftTree | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         server_args = kwargs.get("server_args", args[0] if args else None)
@@ -378,18 +378,16 @@ class DDTreeWorker(DFlashWorkerV2):
         return super()._greedy_sample_from_vocab_parallel_head(*args, **kwargs)
 
     def _ddtree_oracle_chain(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Test-only (``testing.ORACLE_FILE``): int64 [B*D], the argmax chain of the drafter's logits with the
-        oracle's tokens forced in (``testing.forced_draft_logits``), as the tree of a DDTREE round gets them; the
-        force is kept for the chain step's sample."""
+        """Test-only (``testing.ORACLE_FILE``): int64 [B*D], the drafter's argmax chain with the oracle's tokens
+        forced in: the rank-0 tokens of the tree a DDTREE round builds from these hidden states (kept for the chain
+        step's sample)."""
         batch = self._ddtree_oracle_batch
         bs, depth = len(batch.seq_lens), self.block_size - 1
-        lm_head = self._ddtree_lm_head()
-        logits = torch.matmul(hidden.to(lm_head.weight.dtype), lm_head.weight.t())
-        logits = logits[:, : self._ddtree_vocab_size or logits.shape[-1]].reshape(bs, depth, -1)
         force = testing.oracle_tokens(getattr(batch, "reqs", None), batch.seq_lens, self._draft_block_ids_buf[:bs, 0],
                                       depth)
-        self._ddtree_oracle_force = force
-        return torch.argmax(testing.forced_draft_logits(logits, *force), dim=-1).reshape(-1)
+        self._ddtree_oracle_tree = self._ddtree_tree_from_hidden(hidden, bs, self._ddtree_lm_head(), None,
+                                                                 self._ddtree_vocab_size, force)
+        return self._ddtree_oracle_tree.top1_tokens.reshape(-1)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         auto = self._ddtree_auto
@@ -472,7 +470,7 @@ class DDTreeWorker(DFlashWorkerV2):
             head.served = False
         self._ddtree_kept_hidden = None
         self._ddtree_keep_hidden = sample
-        self._ddtree_oracle_force = None
+        self._ddtree_oracle_tree = None
         self._ddtree_oracle_batch = batch if testing.ORACLE_FILE else None  # test-only: the oracle's chain
         try:
             result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
@@ -506,12 +504,12 @@ class DDTreeWorker(DFlashWorkerV2):
             head = self._ddtree_head
             if head is not None and head.served:  # the drafter's graph built it
                 tree = head.tree(bs)
+            elif self._ddtree_oracle_tree is not None:  # test-only: the oracle's chain came from it
+                tree = self._ddtree_oracle_tree
             elif self._ddtree_kept_hidden is not None:
-                tree = self._ddtree_tree_from_hidden(
-                    self._ddtree_kept_hidden, bs, self._ddtree_lm_head(), self._ddtree_tp_group,
-                    self._ddtree_vocab_size, self._ddtree_oracle_force,
-                )
-            self._ddtree_kept_hidden = None
+                tree = self._ddtree_tree_from_hidden(self._ddtree_kept_hidden, bs, self._ddtree_lm_head(),
+                                                     self._ddtree_tp_group, self._ddtree_vocab_size)
+            self._ddtree_kept_hidden = self._ddtree_oracle_tree = None
         if tree is not None:
             self._ddtree_auto.expect(tree)
             self._ddtree_auto.observe(CHAIN, chain_tree(tree), None, accepted)
