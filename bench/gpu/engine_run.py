@@ -19,6 +19,14 @@ RUNNER = Path(__file__).resolve().parent / "sglang_ddtree_run.py"
 #: the GPU for an engine the call's limit would cut off.
 ENGINE_NEED_S = 90
 
+#: the sampling test's filter sets, by result key: top-k with top-p (filtered jointly over the whole distribution by
+#: SGLang's sampler; DFLASH's verify takes top-p over the renormalised top-k instead, so the auto budget keeps such
+#: batches off DFLASH's round) and top-k alone (which DFLASH's round verifies for the auto budget's chain steps)
+SAMPLING_SETS = {
+    "sampling": {"temperature": 1.0, "top_k": 20, "top_p": 0.9},
+    "sampling_topk": {"temperature": 1.0, "top_k": 20},
+}
+
 
 class OutOfTime(RuntimeError):
     """Too little of run_all.sh's call is left to start another engine; the driver is run again in the next call

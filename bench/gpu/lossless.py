@@ -3,7 +3,7 @@
 For one target (pure attention or hybrid GatedDeltaNet) and the triton backend, with CUDA graphs on:
 
 1. ``none``: greedy outputs of 32 prompts x 64 tokens at batch 1, 3 and 16 (and, with --sampling, 4000 draws of
-   tokens 2-4 of one prompt at temperature 1, top_k 20, top_p 0.9);
+   tokens 2-4 of one prompt at temperature 1 with top_k 20 and top_p 0.9, and with top_k 20 alone);
 2. an oracle file from the batch-1 outputs: the target's own greedy continuation of every prompt, forced into
    the drafter's distribution at ranks that cycle through ``PATTERN`` (junk ranked above it), so anything
    accepted is accepted deep and through non-first siblings (sglang_ddtree.sglang.testing);
@@ -32,7 +32,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from engine_run import exit_with, run_config
+from engine_run import SAMPLING_SETS, exit_with, run_config
 
 #: Rank (1 = first) of the target's continuation at successive positions (see sglang_ddtree.sglang.testing);
 #: with the forced runner-up, budgets 4, 8 and 16 all accept depth >= 3 and non-first siblings (CPU-tested in
@@ -182,6 +182,16 @@ def chi_square(a: list[int], b: list[int], min_count: int = 5) -> dict:
     }
 
 
+def sampling_test(base: dict, cand: dict, rounds: list[dict]) -> dict:
+    """Tokens 2-4 of one prompt's continuations (run_sampling's record) against no speculation's: the first token
+    comes from the prefill, so only the speculative rounds' tokens are tested."""
+    tests = {
+        f"token{pos + 1}": chi_square([o[pos] for o in base["outputs"]], [o[pos] for o in cand["outputs"]])
+        for pos in (1, 2, 3)
+    }
+    return {"params": cand["params"], "tests": tests, "rounds": summarize_stats(rounds)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True, type=Path)
@@ -269,17 +279,10 @@ def main() -> int:
                     **stats,
                 }
             )
-        if "sampling" in cand:
-            pos_tests = {}
-            for pos in (1, 2, 3):
-                pos_tests[f"token{pos + 1}"] = chi_square(
-                    [o[pos] for o in base["sampling"]["outputs"]], [o[pos] for o in cand["sampling"]["outputs"]]
-                )
-            samplings[name] = {
-                "params": cand["sampling"]["params"],
-                "tests": pos_tests,
-                "rounds": summarize_stats(phases.get("sampling", [])),
-            }
+        for key in SAMPLING_SETS:  # "sampling" (top-k with top-p) keeps its old name; others: NAME/KEY
+            if key in cand and key in base:
+                samplings[name if key == "sampling" else f"{name}/{key}"] = sampling_test(
+                    base[key], cand[key], phases.get(key, []))
     summary = {
         "sglang": sglang.__version__,
         "date": datetime.date.today().isoformat(),

@@ -66,6 +66,19 @@ export PYTHONPYCACHEPREFIX=/tmp/pycache STATE BUNDLE TQDM_DISABLE=1
 
 left() { echo $((DEADLINE_S - ($(date +%s) - T0))); }
 
+# The host's load when a step starts, and its busiest processes when the load is more than a quarter of the CPUs:
+# timings of a loaded host are not comparable (the H100 of 12-07, second session, ran every engine about 2x slower
+# than the H100 of the morning, for no reason the log could show).
+host_load() {
+  local one _rest cpus
+  read -r one _rest </proc/loadavg
+  cpus=$(nproc)
+  printf 'load %s on %s CPUs' "$one" "$cpus"
+  if awk -v l="$one" -v c="$cpus" 'BEGIN { exit !(l > c / 4) }'; then
+    printf '; busiest: %s' "$(ps -eo pcpu=,comm= --sort=-pcpu | head -n 3 | awk '{ printf "%s %s%%, ", $2, $1 }')"
+  fi
+}
+
 # Seconds a step needs to finish (measured on the lent H100/H200, 12-05): a step that cannot finish in the time
 # left is not started, so that the call's time goes to a step that can (a step cut off measures nothing).
 step_need() {
@@ -86,17 +99,23 @@ step() {  # name command...: run unless done, skipped, or out of time
   budget=$(left)
   need=$(step_need "$name")
   if [ "$budget" -lt "$need" ]; then echo "== $name: needs about $need s, $budget s left in this call"; return 1; fi
-  echo "== $name ($budget s left)"
+  echo "== $name ($budget s left; $(host_load))"
   local t
   t=$(date +%s)
-  # timeout runs the step in a process group of its own; when it times out, whatever is left in that group (an
-  # SGLang engine that outlived TERM held the call's output open past the call's limit on 12-06c) is killed. A step
-  # that ends by itself keeps what it started (train-start's training, in a session of its own).
+  # timeout runs the step in a process group of its own; whatever is left in that group when the step ends (an
+  # SGLang engine that outlived TERM held the call's output open past the call's limit on 12-06c; an engine's
+  # scheduler left spinning would slow every later step) is the step's own and is killed. train-start's training
+  # runs in a session of its own, outside the group, and outlives the step as it should.
   timeout --kill-after=15 "$budget" "$@" &
   local pid=$!
   wait "$pid"
   local rc=$?
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then kill -KILL -- "-$pid" 2>/dev/null; fi
+  local left_over
+  left_over=$(pgrep -g "$pid" 2>/dev/null | tr '\n' ' ')
+  if [ -n "$left_over" ]; then
+    echo "== $name: killing what the step left running in its process group: $left_over"
+    kill -KILL -- "-$pid" 2>/dev/null
+  fi
   echo "== $name: rc=$rc after $(($(date +%s) - t)) s"
   if [ $rc -eq 0 ]; then touch "$STATE/done-$name"; fi
   return $rc

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine_run import SAMPLING_SETS
+
 
 def prompts(vocab: int, count: int, length: int, seed: int = 7) -> list[list[int]]:
     rng = random.Random(seed)
@@ -124,17 +126,18 @@ def run_equality(
     return result
 
 
-def run_sampling(engine, vocab: int, samples: int, params: dict, prompt: list[int] | None = None) -> dict:
+def run_sampling(engine, vocab: int, samples: int, params: dict, prompt: list[int] | None = None,
+                 key: str = "sampling") -> dict:
     """``samples`` continuations of 4 tokens of ONE fixed prompt at the given sampling parameters (each request
     request an independent draw): the first token comes from the prefill, tokens 2-4 from speculative rounds."""
-    mark_phase("sampling")
+    mark_phase(key)
     prompt = prompt or prompts(vocab, 1, 24, seed=11)[0]
     outs = []
     for start in range(0, samples, 32):
         n = min(32, samples - start)
         out = engine.generate(input_ids=[prompt] * n, sampling_params=dict(params, max_new_tokens=4, ignore_eos=True))
         outs += [o["output_ids"] for o in (out if isinstance(out, list) else [out])]
-    return {"sampling": {"prompt": prompt, "params": params, "outputs": outs}}
+    return {key: {"prompt": prompt, "params": params, "outputs": outs}}
 
 
 def budget_histogram(engine) -> dict[str, int] | None:
@@ -386,8 +389,8 @@ def main() -> int:
             body.update(run_equality(engine, vocab, [int(b) for b in args.batches.split(",")], given=ids,
                                      margins=args.margins))
         if "sampling" in modes:
-            params = {"temperature": 1.0, "top_k": 20, "top_p": 0.9}
-            body.update(run_sampling(engine, vocab, args.samples, params, prompt=ids[0] if ids else None))
+            for key, params in SAMPLING_SETS.items():
+                body.update(run_sampling(engine, vocab, args.samples, params, prompt=ids[0] if ids else None, key=key))
         if "tau" in modes:
             if ids is None:
                 ap.error("--mode tau needs --prompts-file")

@@ -946,18 +946,32 @@ def test_an_auto_chain_step_is_dflashs_own_round_and_feeds_the_calibration_on_sa
     assert worker._ddtree_keep_hidden is False and worker._ddtree_head.in_round is False
 
 
+def _sampled(**flags):
+    """A sampled batch's sampling_info: no seeds, no filters unless ``flags`` set them."""
+    base = {"is_all_greedy": False, "sampling_seed": None, "need_top_k_sampling": False,
+            "need_top_p_sampling": False, "need_min_p_sampling": False}
+    return SimpleNamespace(**{**base, **flags})
+
+
 @pytest.mark.parametrize(("hybrid", "oracle", "info", "available", "dflash"), [
     (False, None, None, False, True),
     (False, None, SimpleNamespace(is_all_greedy=True), False, True),
-    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), True, True),
-    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), False, False),
-    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=torch.tensor([1])), True, False),
+    (False, None, _sampled(), True, True),
+    (False, None, _sampled(), False, False),
+    (False, None, _sampled(sampling_seed=torch.tensor([1])), True, False),
+    (False, None, _sampled(need_top_k_sampling=True), True, True),
+    (False, None, _sampled(need_top_p_sampling=True), True, True),
+    # DFLASH's verify takes top-p over the renormalised top-k and ignores min-p: not SGLang's sampler's distribution
+    (False, None, _sampled(need_top_k_sampling=True, need_top_p_sampling=True), True, False),
+    (False, None, _sampled(need_min_p_sampling=True), True, False),
+    (False, None, SimpleNamespace(is_all_greedy=False, sampling_seed=None), True, False),  # flags unknown: not DFLASH
     (True, None, SimpleNamespace(is_all_greedy=True), True, False),
     (False, "/tmp/oracle.json", SimpleNamespace(is_all_greedy=True), True, True),
 ])
 def test_which_chain_steps_dflash_verifies(monkeypatch, hybrid, oracle, info, available, dflash):
     """DFLASH's round verifies a chain step where it verifies the chain as the tree walk would: not on hybrid targets,
-    not a sampled batch without SGLang's sampling-verify kernel or with seeds (the test oracle: its chain is drafted,
+    not a sampled batch without SGLang's sampling-verify kernel, with seeds, with min-p or with top-k and top-p
+    together (the test oracle: its chain is drafted,
     ``test_under_the_oracle_dflashs_round_drafts_the_oracles_chain``)."""
     from sglang_ddtree.sglang import testing
 

@@ -434,14 +434,24 @@ class DDTreeWorker(DFlashWorkerV2):
         cost, without the tree glue around its verify (which cost 0.6-1.1 ms a round more on the host-bound trained
         pair, H100 12-07). Not on hybrid linear-attention targets (their verify graphs also read the tree's parent
         links, which DFLASH's verify does not refill), and not for a sampling batch that DFLASH would verify otherwise
-        than the tree walk does: without SGLang's sampling-verify kernel (DFLASH then verifies by argmax) or with
-        per-request seeds (the tree walk draws SGLang's seeded tokens, DFLASH's rejection sampling does not)."""
+        than the tree walk does:
+        - without SGLang's sampling-verify kernel (DFLASH then verifies by argmax);
+        - with per-request seeds (the tree walk draws SGLang's seeded tokens, DFLASH's rejection sampling does not);
+        - with min-p, or with top-k and top-p together: SGLang 0.5.17's DFLASH verify ignores min-p and takes top-p
+          over the renormalised top-k, while SGLang's sampler (and the tree walk) takes both over the whole
+          distribution. DFLASH's own sampled tokens at top_k=20, top_p=0.9 fail the chi-square test against no
+          speculation on the trained pair (H100 12-07: chi2 332 at 19 df), where DDTREE-16's pass (38).
+        A missing filter flag counts as set."""
         if self._need_mamba_verify_commit:
             return False
         info = getattr(batch, "sampling_info", None)
         if info is None or getattr(info, "is_all_greedy", True):
             return True
-        return self._ddtree_dflash_samples and getattr(info, "sampling_seed", None) is None
+        if not self._ddtree_dflash_samples or getattr(info, "sampling_seed", None) is not None:
+            return False
+        if getattr(info, "need_min_p_sampling", True):
+            return False
+        return not (getattr(info, "need_top_k_sampling", True) and getattr(info, "need_top_p_sampling", True))
 
     def _ddtree_dflash_round(self, batch, on_publish, grammar_barrier, chain_step: bool = False):
         """DFLASH's own round, whole: a grammar batch, or (``chain_step``) the auto budget's chain.
