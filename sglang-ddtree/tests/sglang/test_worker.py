@@ -818,6 +818,66 @@ def test_unfiltered_sampling_skips_the_sort_and_keeps_the_same_probabilities(mon
     assert torch.equal(filtered[0][filtered[0] > 0], fast[0][filtered[0] > 0])
 
 
+def _renorm_filters(probs, top_k, top_p, min_p):
+    """SGLang's flashinfer sampler on a batch with min-p, one row: top-k renormalised, then top-p over that
+    (the smallest set of most likely tokens whose mass reaches top_p), renormalised, then min-p."""
+    kept = torch.zeros_like(probs)
+    order = torch.argsort(probs, descending=True)[:top_k]
+    kept[order] = probs[order] / probs[order].sum()
+    order = torch.argsort(kept, descending=True)
+    before = torch.cumsum(kept[order], 0) - kept[order]
+    out = torch.zeros_like(kept)
+    out[order[before <= top_p]] = kept[order[before <= top_p]]
+    out = out / out.sum()
+    return torch.where(out < out.max() * min_p, torch.zeros_like(out), out)
+
+
+@pytest.mark.parametrize("min_p", [False, True])
+def test_min_p_batches_are_filtered_as_the_sampling_backend_filters_them(min_p):
+    """With min-p, SGLang's flashinfer sampler renormalises after top-k and after top-p (its torch sampler cuts
+    all three over the whole distribution): the tree walk's target probabilities follow the backend the server
+    runs. Without min-p both backends cut top-k and top-p jointly, and so does the walk."""
+    from sglang_ddtree.sglang import worker as worker_module
+
+    bs, m, vocab = 2, 3, 40
+    logits = torch.randn(bs, m, vocab, generator=torch.Generator().manual_seed(5)) * 2
+    info = SimpleNamespace(temperatures=torch.ones(bs, 1), top_ks=torch.tensor([6, 12]),
+                           top_ps=torch.tensor([0.5, 0.7]), min_ps=torch.tensor([0.1, 0.05]),
+                           need_top_k_sampling=True, need_top_p_sampling=True, need_min_p_sampling=min_p)
+    joint = worker_module._target_probs(logits, info)
+    renorm = worker_module._target_probs(logits, info, min_p_renorms=True)
+    if not min_p:
+        assert torch.equal(joint, renorm)
+        return
+    probs = torch.softmax(logits, dim=-1)
+    for b in range(bs):
+        for j in range(m):
+            want = _renorm_filters(probs[b, j], int(info.top_ks[b]), float(info.top_ps[b]), float(info.min_ps[b]))
+            got = renorm[b, j] / renorm[b, j].sum()
+            assert torch.equal(got > 0, want > 0), (b, j)
+            assert torch.allclose(got, want, atol=1e-6)
+    # the two filters differ here: top-p over the top-k's own mass keeps fewer tokens
+    assert int((joint > 0).sum()) > int((renorm > 0).sum())
+
+
+@pytest.mark.parametrize(("name", "renorms"), [("flashinfer", True), ("intel_xpu", True), ("pytorch", False),
+                                               ("ascend", False)])
+def test_the_sampling_backend_is_read_once_at_start_up(monkeypatch, name, renorms):
+    """The backend comes from SGLang's runtime context (what its sampler reads), else ServerArgs."""
+    from sglang.srt import runtime_context
+    from sglang_ddtree.sglang import worker as worker_module
+
+    monkeypatch.setattr(runtime_context, "get_exec", lambda: SimpleNamespace(kernel=SimpleNamespace(
+        sampling_backend=name)))
+    assert (worker_module.sampling_backend(None) in worker_module.MIN_P_RENORM_BACKENDS) is renorms
+
+    def no_context():
+        raise RuntimeError("no runtime context")
+
+    monkeypatch.setattr(runtime_context, "get_exec", no_context)
+    assert worker_module.sampling_backend(SimpleNamespace(sampling_backend=name)) == name
+
+
 def _dflash_round_worker(monkeypatch, *, hybrid=False, buffer_cells=10_000, fails=False):
     """A head worker whose DFLASH round (a stand-in for DFlashWorkerV2's, which needs a GPU) runs the drafter head,
     reads DFLASH's chain from it, and records the graph runner, the mask buffer and the arguments it saw."""

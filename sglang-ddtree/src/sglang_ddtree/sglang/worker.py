@@ -127,6 +127,7 @@ class DDTreeWorker(DFlashWorkerV2):
     _ddtree_rounds = 0  # tree rounds so far (grammar batches, verified as DFLASH's chain, not counted)
     _ddtree_head: TreeDraftHead | None = None  # the tree inside the drafter's CUDA graphs (draft_head.py)
     _ddtree_dflash_samples = False  # SGLang's sampling verify kernel is there (DFLASH verifies sampled chains)
+    _ddtree_min_p_renorms = False  # SGLang's sampler renormalises top-k, then top-p, before min-p (flashinfer)
     _ddtree_keep_hidden = False  # a chain step's sample: keep the hidden states DFLASH's greedy head is given
     _ddtree_kept_hidden: torch.Tensor | None = None
     _ddtree_oracle_batch: Any = None  # test-only (testing.ORACLE_FILE): the batch of the DFLASH round running
@@ -187,6 +188,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self._ddtree_dflash_samples = bool(is_dflash_sampling_verify_available())
         except ImportError:  # pragma: no cover - every supported version has it
             self._ddtree_dflash_samples = False
+        self._ddtree_min_p_renorms = sampling_backend(self.server_args) in MIN_P_RENORM_BACKENDS
 
     def _ddtree_setup_auto_budget(self, block_size: int) -> None:
         """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, or the fixed
@@ -626,7 +628,7 @@ class DDTreeWorker(DFlashWorkerV2):
             return torch.argmax(logits, dim=-1)
         if getattr(sampling_info, "sampling_seed", None) is not None:
             return _seeded_target_tokens(logits, sampling_info, arrays.positions.view(bs, m))
-        return race_tokens(_target_probs(logits, sampling_info))
+        return race_tokens(_target_probs(logits, sampling_info, self._ddtree_min_p_renorms))
 
     def _ddtree_walk_commit(self, tree, arrays, target: torch.Tensor, prefix_lens, kv_pool):
         """(local accept_index [bs, S], accept_len [bs], bonus [bs], CommitPlan) of the walk along ``target``
@@ -863,11 +865,31 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
 
-def _target_probs(logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
+#: SGLang's sampling backends whose sampler, for a batch with min-p, renormalises after top-k and again after top-p
+#: (``top_k_renorm_prob``, ``top_p_renorm_prob``, ``min_p_sampling_from_probs``) instead of cutting all three jointly
+MIN_P_RENORM_BACKENDS = ("flashinfer", "intel_xpu")
+
+
+def sampling_backend(server_args: Any) -> str | None:
+    """The sampling backend SGLang's sampler reads (``get_exec().kernel.sampling_backend``; ServerArgs' resolved
+    ``sampling_backend`` where the runtime context has none), once at start-up."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        return get_exec().kernel.sampling_backend
+    except Exception:  # noqa: BLE001 - no runtime context yet (or none in this version): the resolved argument
+        return getattr(server_args, "sampling_backend", None)
+
+
+def _target_probs(logits: torch.Tensor, sampling_info: Any, min_p_renorms: bool = False) -> torch.Tensor:
     """Target probabilities per node, float32 [bs, M, V] (unnormalised where top-k/top-p/min-p cut), filtered as
     SGLang's own sampler filters them (``top_k_top_p_min_p_sampling_from_probs_torch``): softmax of logits /
     temperature; in descending order, ranks >= top_k dropped, and tokens whose preceding cumulative probability
     (over the whole distribution) exceeds top_p dropped; then min_p relative to the most likely token.
+
+    ``min_p_renorms`` (the flashinfer backend, :data:`MIN_P_RENORM_BACKENDS`): a batch with min-p is filtered as
+    that backend's sampler filters it, top-p over the top-k renormalised (the preceding cumulative probability
+    compared with top_p times the top-k's mass); min-p's ratio to the most likely token is the same either way.
 
     A batch whose requests set none of the three (SGLang's host flags ``need_top_k_sampling``,
     ``need_top_p_sampling``, ``need_min_p_sampling`` all False; a missing flag counts as set) gets the softmax as it
@@ -884,9 +906,12 @@ def _target_probs(logits: torch.Tensor, sampling_info: Any) -> torch.Tensor:
     ranks = torch.arange(vocab, device=logits.device).view(1, 1, vocab)
     top_ks = sampling_info.top_ks.view(bs, 1, 1).to(torch.int64).clamp(min=1, max=vocab)
     top_ps = sampling_info.top_ps.view(bs, 1, 1).float()
+    min_p = bool(getattr(sampling_info, "need_min_p_sampling", False))
+    if min_p and min_p_renorms:
+        top_ps = top_ps * cumulative.gather(-1, (top_ks - 1).expand(bs, cumulative.shape[1], 1))
     drop = (ranks >= top_ks) | ((cumulative - sorted_probs) > top_ps)
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    if getattr(sampling_info, "need_min_p_sampling", False):
+    if min_p:
         min_ps = sampling_info.min_ps.view(bs, 1, 1).float()
         sorted_probs = sorted_probs.masked_fill(sorted_probs < sorted_probs[..., :1] * min_ps, 0.0)
     return torch.zeros_like(sorted_probs).scatter(-1, order, sorted_probs)
