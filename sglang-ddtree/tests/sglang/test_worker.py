@@ -865,6 +865,7 @@ def test_min_p_batches_are_filtered_as_the_sampling_backend_filters_them(min_p):
 def test_the_sampling_backend_is_read_once_at_start_up(monkeypatch, name, renorms):
     """The backend comes from SGLang's runtime context (what its sampler reads), else ServerArgs."""
     from sglang.srt import runtime_context
+
     from sglang_ddtree.sglang import worker as worker_module
 
     monkeypatch.setattr(runtime_context, "get_exec", lambda: SimpleNamespace(kernel=SimpleNamespace(

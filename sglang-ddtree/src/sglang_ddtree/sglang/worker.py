@@ -877,7 +877,7 @@ def sampling_backend(server_args: Any) -> str | None:
         from sglang.srt.runtime_context import get_exec
 
         return get_exec().kernel.sampling_backend
-    except Exception:  # noqa: BLE001 - no runtime context yet (or none in this version): the resolved argument
+    except Exception:  # no runtime context yet (or none in this version): the resolved argument
         return getattr(server_args, "sampling_backend", None)
 
 
