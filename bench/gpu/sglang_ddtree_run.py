@@ -382,6 +382,7 @@ def main() -> int:
         kwargs["disable_cuda_graph"] = True
     engine = sgl.Engine(**kwargs)
     start_s = time.perf_counter() - t0
+    load_before = os.getloadavg()  # a loaded host's timings are not comparable: recorded beside them
     try:
         body = {}
         ids = [p["ids"] for p in json.loads(args.prompts_file.read_text())] if args.prompts_file else None
@@ -413,6 +414,9 @@ def main() -> int:
         "sglang": sgl.__version__,
         "gpu": _gpu_name(),
         "engine_start_s": start_s,
+        # 1-minute load average of the host once the engine had started and when it was shut down (the engine's own
+        # processes count: about 2 while it serves)
+        "host_load": [round(load_before[0], 2), round(os.getloadavg()[0], 2), os.cpu_count()],
         "hybrid": is_hybrid(args.models),
         "disable_radix_cache": kwargs.get("disable_radix_cache", False),
         "disable_cuda_graph": bool(kwargs.get("disable_cuda_graph", False)),

@@ -131,6 +131,10 @@ def table_rows(runs: dict[tuple[str, int | str], dict], log: dict) -> list[dict]
                     "ms_per_round": round(1000.0 * (r["tau"] if method != "none" else 1.0) * r["batch"] / r["tok_s"], 3)
                     if r["tok_s"] else None,
                     "speedup": round(r["tok_s"] / ref_none, 3) if ref_none else None,
+                    # tok/s spread over the timed passes, and the host's load around the engine (a loaded host's
+                    # numbers are not comparable with another run's)
+                    "tok_s_range": [round(r[k], 1) for k in ("tok_s_min", "tok_s_max") if k in r] or None,
+                    "host_load": rec.get("host_load"),
                     **({key: (rec.get("budget_stats") or {}).get(key)
                         for key in ("budget_histogram", "graphs", "clock", "step_ms")} if auto else {}),
                     **({"budget_histogram": r["budget_histogram"]} if auto and r.get("budget_histogram") else {}),
