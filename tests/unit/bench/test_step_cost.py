@@ -111,6 +111,9 @@ def test_count_trace_carries_the_host_tables():
         ({"a": 5.0}, {"a": 4.0}, []),  # shrank: not listed
         (None, {"a": 1.0}, []),
         ({"a": 1.0}, {}, []),
+        # the profiler's own stop runs inside this span: not a step's work
+        ({"scheduler.process_input_requests": 10.0}, {"scheduler.process_input_requests": 300.0, "a": 1.0},
+         [("a", 1.0)]),
     ],
 )
 def test_host_difference_lists_what_grew(base, other, expected):
