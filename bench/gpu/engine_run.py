@@ -21,10 +21,12 @@ ENGINE_NEED_S = 90
 
 #: the sampling test's filter sets, by result key: top-k with top-p (filtered jointly over the whole distribution by
 #: SGLang's sampler; DFLASH's verify takes top-p over the renormalised top-k instead, so the auto budget keeps such
-#: batches off DFLASH's round) and top-k alone (which DFLASH's round verifies for the auto budget's chain steps)
+#: batches off DFLASH's round), then top-k alone and temperature alone (tau.py's sampled rows), which DFLASH's round
+#: verifies for the auto budget's chain steps (its sparse top-k path and its dense one)
 SAMPLING_SETS = {
     "sampling": {"temperature": 1.0, "top_k": 20, "top_p": 0.9},
     "sampling_topk": {"temperature": 1.0, "top_k": 20},
+    "sampling_temperature": {"temperature": 1.0},
 }
 
 

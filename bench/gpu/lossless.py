@@ -3,7 +3,7 @@
 For one target (pure attention or hybrid GatedDeltaNet) and the triton backend, with CUDA graphs on:
 
 1. ``none``: greedy outputs of 32 prompts x 64 tokens at batch 1, 3 and 16 (and, with --sampling, 4000 draws of
-   tokens 2-4 of one prompt at temperature 1 with top_k 20 and top_p 0.9, and with top_k 20 alone);
+   tokens 2-4 of one prompt at temperature 1 with top_k 20 and top_p 0.9, with top_k 20 alone, and alone);
 2. an oracle file from the batch-1 outputs: the target's own greedy continuation of every prompt, forced into
    the drafter's distribution at ranks that cycle through ``PATTERN`` (junk ranked above it), so anything
    accepted is accepted deep and through non-first siblings (sglang_ddtree.sglang.testing);

@@ -137,7 +137,7 @@ PY
   models-flat)  # random (non-aligned) pair: nearly flat target distributions, for the sampling test
     "$PY" -c "import sys; from sglang_ddtree.reference.tiny import make_tiny_models as m; m(sys.argv[1], block_size=8)" \
       "$OUT/models-flat" ;;
-  sampling)  # temperature 1 (top_k 20 with top_p 0.9, and top_k 20 alone): tokens 2-4 of DDTREE 16 (forced tree) vs none
+  sampling)  # temperature 1 (with top_k 20 and top_p 0.9, top_k 20 alone, alone): tokens 2-4 of DDTREE 16 vs none
     "$PY" bench/gpu/lossless.py --models "$OUT/models-flat" --work "$OUT/sampling-flat" --label pure --budgets 16 \
       --sampling --no-equality ;;
   measure-hybrid)

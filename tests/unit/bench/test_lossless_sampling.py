@@ -20,9 +20,10 @@ def _draws(weights: dict[int, float], n: int, seed: int) -> list[list[int]]:
     return [[0, *rng.choices(tokens, probs, k=3)] for _ in range(n)]
 
 
-def test_the_filter_sets_cover_a_joint_and_a_single_filter():
+def test_the_filter_sets_cover_a_joint_and_a_single_filter_and_none():
     assert engine_run.SAMPLING_SETS["sampling"] == {"temperature": 1.0, "top_k": 20, "top_p": 0.9}
     assert set(engine_run.SAMPLING_SETS["sampling_topk"]) == {"temperature", "top_k"}
+    assert engine_run.SAMPLING_SETS["sampling_temperature"] == {"temperature": 1.0}
 
 
 def test_same_distribution_passes_and_a_narrower_cut_fails():
