@@ -1,11 +1,12 @@
-"""``_alloc.carve``: several outputs from one allocation, each a separate, aligned, contiguous view."""
+"""``_alloc.carve``: several outputs from one allocation, each a separate, aligned, contiguous view; ``CarveRing``:
+the same views handed out again in turn."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_ddtree._alloc import carve
+from sglang_ddtree._alloc import CarveRing, carve
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64, torch.uint8])
@@ -20,3 +21,22 @@ def test_views_are_disjoint_aligned_and_shaped(dtype, device):
         v.fill_(i + 1)
     for i, v in enumerate(views):
         assert bool((v == i + 1).all())
+
+
+def test_a_ring_hands_each_set_out_again_after_depth_calls(device):
+    ring = CarveRing(3)
+    shapes = [(2, 5), (2,)]
+    sets = [ring.carve(shapes, torch.int64, device) for _ in range(7)]
+    ptrs = [tuple(v.data_ptr() for v in views) for views in sets]
+    assert len(set(ptrs[:3])) == 3  # three different sets in turn
+    assert ptrs[3:6] == ptrs[:3] and ptrs[6] == ptrs[0]
+    assert [tuple(v.shape) for v in sets[0]] == shapes and all(v.data_ptr() % 16 == 0 for v in sets[0])
+    other = ring.carve(shapes, torch.int32, device)  # another dtype (or shapes): a set of its own
+    assert other[0].dtype == torch.int32 and len(ring) == 2
+    assert other[0].data_ptr() not in {p[0] for p in ptrs}
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_ring_needs_two_sets_at_least(depth):
+    with pytest.raises(ValueError, match="depth must be >= 2"):
+        CarveRing(depth)

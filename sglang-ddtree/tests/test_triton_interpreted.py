@@ -45,6 +45,7 @@ CASES = [
     "glue/verify-prep",
     "glue/chain-mask",
     "glue/walk-commit",
+    "glue/ring",
     "warmup/widths",
     "warmup/tp",
     "attention/reference",

@@ -118,6 +118,49 @@ def glue_cases(gen, device="cpu"):
     report("glue/verify-prep", ok_prep, detail)
     chain_mask_case(gen, device)
     walk_commit_case(gen, device)
+    ring_case(gen, device)
+
+
+def ring_case(gen, device="cpu", depth=3):
+    """``_triton_glue.reuse_outputs``: with the outputs reused in turn, every round's verify arrays and walk/commit
+    results equal freshly allocated ones, stay intact for ``depth - 1`` later rounds of the same shapes, and the
+    round ``depth`` later reuses the storage (the reuse happens)."""
+    ok, detail = True, ""
+    bsz, depth_tree, vocab, budget = 3, 7, 50, 8
+    rounds = []
+    try:
+        for ring in (None, depth):
+            _triton_glue.reuse_outputs(ring)
+            gen_round = torch.Generator().manual_seed(5)  # the same inputs with and without the ring
+            held = []
+            for _ in range(depth + 1):
+                tree = build_tree((torch.randn(bsz, depth_tree, vocab, generator=gen_round) * 3).to(device), budget,
+                                  backend="torch")
+                prefix = torch.randint(0, 20, (bsz,), generator=gen_round).to(device)
+                roots = torch.randint(0, vocab, (bsz,), generator=gen_round).to(device)
+                r2t = torch.randperm(40 * 64, generator=gen_round).view(40, 64).to(torch.int32).to(device)
+                rows = torch.randperm(40, generator=gen_round)[:bsz].to(device)
+                target = torch.randint(0, vocab, (bsz, budget + 1), generator=gen_round).to(device)
+                arrays = build_verify_arrays(tree, roots, prefix, int(prefix.sum()), r2t, rows, None, "triton")
+                index, length, bonus, plan = _triton_glue.walk_commit(
+                    tree.parents, tree.tokens, target, tree.max_depth, arrays.slots, arrays.out_cache_loc, prefix)
+                out = [arrays.tokens, arrays.positions, arrays.out_cache_loc, arrays.retrieve_index, arrays.slots,
+                       index, length, bonus, *plan.values()]
+                held.append((out, [t.clone() for t in out]))
+                for earlier, (views, copies) in enumerate(held[-depth:]):  # the last depth rounds still intact
+                    if not all(torch.equal(v, c) for v, c in zip(views, copies, strict=True)):
+                        ok, detail = False, f"ring {ring}: a round's outputs changed {len(held) - 1 - earlier} later"
+            rounds.append(held)
+        fresh, reused = rounds
+        for i, ((_, a), (_, b)) in enumerate(zip(fresh, reused, strict=True)):
+            if not all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b, strict=True)):
+                ok, detail = False, f"round {i}: the ring's outputs differ from fresh ones"
+        first, again = reused[0][0], reused[depth][0]
+        if [t.data_ptr() for t in first] != [t.data_ptr() for t in again]:
+            ok, detail = False, f"the round {depth} later did not reuse the first round's outputs"
+    finally:
+        _triton_glue.reuse_outputs(None)
+    report("glue/ring", ok, detail)
 
 
 def chain_mask_case(gen, device="cpu"):

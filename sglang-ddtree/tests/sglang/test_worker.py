@@ -1081,3 +1081,17 @@ def test_under_the_oracle_dflashs_round_drafts_the_oracles_chain(monkeypatch, tm
     assert chain[1].tolist() == torch.argmax(hidden.view(2, depth, 16)[1] @ lm.t(), -1).tolist()  # unknown prompt
     assert worker._ddtree_oracle_batch is None
     assert worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden) == "DFLASH's own"  # no round: SGLang's
+
+
+@pytest.mark.parametrize(("value", "depth"), [(None, None), ("", None), ("0", None), (" 4 ", 4), ("2", 2),
+                                              ("1", ValueError), ("four", ValueError), ("-3", ValueError)])
+def test_the_glue_ring_option_reads_a_depth_or_refuses_naming_the_fix(value, depth):
+    """``SGLANG_DDTREE_GLUE_RING``: unset or 0 allocates each round; d >= 2 reuses d output sets in turn; anything
+    else is refused with the variable, what to give and an example."""
+    from sglang_ddtree.sglang import worker as worker_module
+
+    if depth is ValueError:
+        with pytest.raises(ValueError, match=r"SGLANG_DDTREE_GLUE_RING=.*at least 2.*e\.g\. 4"):
+            worker_module.glue_ring_depth(value)
+    else:
+        assert worker_module.glue_ring_depth(value) == depth

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._alloc import carve
+from .._alloc import CarveRing, carve
 from .._triton_walk import walk_request
 
 __all__ = ["chain_mask", "verify_prep", "walk_commit"]
@@ -112,6 +112,23 @@ def _chain_mask_kernel(prefix_ptr, mask_ptr, M, NB: tl.constexpr):
     _store_mask_cells(mask_ptr, prefix_ptr, b, prefix, M, i, causal, both)
 
 
+#: verify_prep's and walk_commit's outputs reused in turn (:func:`reuse_outputs`), or allocated each call (None)
+_RING: CarveRing | None = None
+
+
+def reuse_outputs(depth: int | None) -> None:
+    """From now on hand out verify_prep's and walk_commit's outputs from ``depth`` sets per batch shape, reused in
+    turn (``_alloc.CarveRing``), or allocate them each call (None: the default). Set once at the worker's start-up
+    (``SGLANG_DDTREE_GLUE_RING``)."""
+    global _RING
+    _RING = CarveRing(depth) if depth else None
+
+
+def _outputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    ring = _RING
+    return ring.carve(shapes, dtype, device) if ring is not None else carve(shapes, dtype, device)
+
+
 def chain_mask(mask_buffer, prefix_lens, num_nodes, mask_cells):
     """Write the tree cells of a ``num_nodes``-token chain per request (lower-triangular: causal) into
     ``mask_buffer`` in one launch and return its first ``mask_cells`` elements (``verify_input.write_chain_mask``'s
@@ -134,9 +151,10 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
     m = budget + 1
     device = tree.tokens.device
     wide = req_to_token.dtype == torch.int64  # out_cache_loc shares the int64 allocation
-    views = carve([(bsz * m,), (bsz * m,), (bsz, m), (bsz, m)] + ([(bsz * m,)] if wide else []), torch.int64, device)
+    views = _outputs([(bsz * m,), (bsz * m,), (bsz, m), (bsz, m)] + ([(bsz * m,)] if wide else []), torch.int64,
+                     device)
     out = dict(zip(("tokens", "positions", "retrieve_index", "slots"), views, strict=False))
-    out["out_cache_loc"] = views[4] if wide else torch.empty(bsz * m, dtype=req_to_token.dtype, device=device)
+    out["out_cache_loc"] = views[4] if wide else _outputs([(bsz * m,)], req_to_token.dtype, device)[0]
     custom_mask = None
     write_mask = mask_buffer is not None
     if write_mask:
@@ -258,11 +276,14 @@ def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, pre
     bsz, m = parents.shape
     w = int(depth) + 1
     device = parents.device
-    index, length, bonus, out_tokens, src, dst, rows, last = carve(
+    index, length, bonus, out_tokens, src, dst, rows, last = _outputs(
         [(bsz, w), (bsz,), (bsz,), (bsz, w), (bsz, w), (bsz, w), (bsz * w,), (bsz,)], torch.int64, device
     )
-    commit_lens = torch.empty(bsz, dtype=torch.int32, device=device)
-    new_seq_lens = torch.empty(bsz, dtype=prefix_lens.dtype, device=device)
+    if prefix_lens.dtype == torch.int32:  # one int32 set (one key: a ring hands each key out once a call)
+        commit_lens, new_seq_lens = _outputs([(bsz,), (bsz,)], torch.int32, device)
+    else:
+        (commit_lens,) = _outputs([(bsz,)], torch.int32, device)
+        (new_seq_lens,) = _outputs([(bsz,)], prefix_lens.dtype, device)
     move = move_table is not None and move_table[0].numel() > 0
     ptrs, strides = move_table if move else (slots, slots)  # never read without MOVE
     if bsz > 0:

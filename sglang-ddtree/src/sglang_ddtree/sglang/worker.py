@@ -67,6 +67,22 @@ __all__ = ["DDTreeWorker"]
 #: pair's DDTREE-16 step from 1.23x DFLASH's to 1.03x at batch 1, with the same tokens.
 TREE_IN_GRAPH_ENV = "SGLANG_DDTREE_TREE_IN_GRAPH"
 TREE_IN_GRAPH_DEFAULT = "1"
+#: A number d >= 2: the Triton glue's per-round outputs (verify arrays, walk and commit plan) come from d sets per
+#: batch shape, reused in turn, instead of an allocation and its views every round (``_triton_glue.reuse_outputs``).
+#: Opt-in until a GPU A/B (step_cost.py ``--ab ring:SGLANG_DDTREE_GLUE_RING=4``) and the lossless runs say it pays.
+GLUE_RING_ENV = "SGLANG_DDTREE_GLUE_RING"
+
+
+def glue_ring_depth(value: str | None) -> int | None:
+    """``GLUE_RING_ENV``'s depth: None when unset, empty or 0 (allocate each round); a refusal naming the fix
+    otherwise."""
+    text = (value or "").strip()
+    if text in ("", "0"):
+        return None
+    if not text.isdigit() or int(text) < 2:
+        raise ValueError(f"{GLUE_RING_ENV}={value!r}: give the number of output sets to reuse in turn, at least 2 "
+                         "(a round's outputs are read during the next round), e.g. 4; 0 or unset allocates each round")
+    return int(text)
 
 
 def lm_head_problem(lm_head: Any) -> str | None:
@@ -189,6 +205,14 @@ class DDTreeWorker(DFlashWorkerV2):
         except ImportError:  # pragma: no cover - every supported version has it
             self._ddtree_dflash_samples = False
         self._ddtree_min_p_renorms = sampling_backend(self.server_args) in MIN_P_RENORM_BACKENDS
+        try:
+            ring = glue_ring_depth(os.environ.get(GLUE_RING_ENV))
+        except ValueError as exc:
+            raise DDTreeConfigError(str(exc)) from None
+        if self._ddtree_glue == "triton":
+            from . import _triton_glue
+
+            _triton_glue.reuse_outputs(ring)
 
     def _ddtree_setup_auto_budget(self, block_size: int) -> None:
         """``SGLANG_DDTREE_BUDGET`` (budget.BUDGET_ENV): a per-step choice among its candidates, or the fixed
