@@ -662,6 +662,30 @@ def test_before_any_measurement_the_widest_and_a_sweep_settles_with_what_arrived
     assert costs.costs(1) == [pytest.approx(25.0), pytest.approx(50.0), pytest.approx(100.0)]
 
 
+def test_a_candidate_is_priced_first_from_two_samples_not_from_one_slow_step():
+    """The period clock's first sweep yields three samples a candidate; a sweep that settles with a single one for a
+    candidate (a bucket the batch passed through) leaves that candidate unpriced rather than priced by one step,
+    which might be a host hiccup; the next sweep prices it."""
+    costs = OnlineStepCost((CHAIN, 4, 16), min_samples=4, unsampled_per_burst=1, settle_steps=2, refresh_steps=20)
+    picks = [costs.choose([1.0, 2.0, 3.0], 4) for _ in range(12)]
+    assert picks == [CHAIN] * 4 + [4] * 4 + [16] * 4
+    for candidate, ms in [(CHAIN, 3.0), (CHAIN, 3.1), (CHAIN, 3.0), (4, 130.0), (16, 5.0), (16, 5.2), (16, 5.1)]:
+        costs.record(candidate, 4, ms, (2, 1))  # 4: one sample only, and a slow one
+    for _ in range(2):
+        costs.choose([1.0, 2.0, 3.0], 4)  # settle_steps after the sweep's end: settled with what arrived
+    assert costs.costs(4)[0] == pytest.approx(3.0) and costs.costs(4)[1] is None
+    assert costs.costs(4)[2] == pytest.approx(5.1)
+    # the next sweep (refresh_steps after the first one's start) prices 4 from its two samples
+    while costs.choose([1.0, 2.0, 3.0], 4) != CHAIN or costs.last_tag is None:
+        pass
+    assert costs.last_tag == (2, 2)
+    for candidate, ms in [(CHAIN, 3.0), (CHAIN, 3.0), (4, 4.0), (4, 4.1), (16, 5.1), (16, 5.1)]:
+        costs.record(candidate, 4, ms, (2, 2))
+    for _ in range(9):  # the sweep's 8 other steps, then the step that settles it
+        costs.choose([1.0, 2.0, 3.0], 4)
+    assert costs.costs(4)[1] == pytest.approx(4.0, rel=0.02)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the chain as a tree
 

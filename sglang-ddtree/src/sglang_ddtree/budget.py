@@ -470,7 +470,8 @@ class OnlineStepCost:
       steps of each other, under the same load (context length, temperature mix, what else the host runs), so their
       relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off slow
       step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05, never sets
-      it). A later sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``). A sweep costs
+      it; a candidate priced for the first time needs two samples, or it stays unpriced until a later sweep). A later
+    sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``). A sweep costs
       throughput (at batch 32 the widest tree's step is 2.5x the best one's): when a refresh finds every ratio within
       a factor ``stable`` of where it was, the bucket's next refresh comes twice as many steps later (up to
       ``max_refresh_steps``), and one that moved anything brings the interval back to ``refresh_steps``;
@@ -592,10 +593,16 @@ class OnlineStepCost:
         if not complete and self.steps[k] - self._sweep_end[k] < self.settle_steps:
             return
         self._pool[k] = None
-        stat = {c: math.log(statistics.median_low(p)) for c, p in enumerate(pool) if p}
+        ratio, measured = self.ratio[k], self.measured[k]
+        # a candidate priced for the first time needs two samples (one where a burst yields one): a lone slow step
+        # would set its ratio outright, and later sweeps move a ratio by a bounded step only. On the H100 12-07b
+        # auto priced budget 4 at about 20x its neighbours in the batch 3-4 bucket from its first sweep (a bucket
+        # the draining batches pass through in a few steps) and kept it there for the remaining 20000 steps
+        first = min(2, self._burst(self.sweeps[k]) - self.unsampled_per_burst)
+        stat = {c: math.log(statistics.median_low(p)) for c, p in enumerate(pool)
+                if p and (measured[c] or len(p) >= first)}
         if not stat:
             return
-        ratio, measured = self.ratio[k], self.measured[k]
         known = [c for c in stat if measured[c]]
         if not known:  # the bucket's first costs, or only candidates never measured: relative to each other
             base = statistics.fmean(stat.values())
