@@ -550,6 +550,8 @@ class OnlineStepCost:
         self._sweep_start: list[int] = [0 for _ in buckets]
         self._sweep_end: list[int] = [0 for _ in buckets]  # the bucket step that issued its last candidate
         self._pool: list[list[list[float]] | None] = [None for _ in buckets]  # the open sweep's samples
+        #: per bucket, the last settled sweep: (its number, each candidate's samples in arrival order), for reports
+        self.last_sweep: list[tuple[int, list[list[float]]] | None] = [None for _ in buckets]
         self._swept_level: list[float | None] = [None for _ in buckets]  # the level when the last ratios were set
         self.interval: list[int] = [self.refresh_steps for _ in buckets]  # steps from one refresh to the next
         self.rate: list[float | None] = [None for _ in buckets]  # running tokens per ms of the chosen steps
@@ -593,6 +595,7 @@ class OnlineStepCost:
         if not complete and self.steps[k] - self._sweep_end[k] < self.settle_steps:
             return
         self._pool[k] = None
+        self.last_sweep[k] = (self.sweeps[k], pool)
         ratio, measured = self.ratio[k], self.measured[k]
         # a candidate priced for the first time needs two samples (one where a burst yields one): a lone slow step
         # would set its ratio outright, and later sweeps move a ratio by a bounded step only. On the H100 12-07b

@@ -260,6 +260,10 @@ def test_the_stats_file_holds_the_choices_and_costs_every_64_steps(monkeypatch, 
     assert sum(lines[-1]["budget_histogram"].values()) == 128
     assert lines[-1]["step_ms"] == {"b<=1": {"chain": 1.0, "4": 1.0, "8": 1.0}}  # one tick a step
     assert lines[-1]["expected_mean"] == {}  # no tree was ever priced
+    # the last settled sweep's own samples per candidate (the period clock: a burst of 4 gives 3)
+    sweep = lines[-1]["last_sweep"]["b<=1"]
+    assert sweep["sweep"] >= 1 and {k: len(v) for k, v in sweep.items() if k != "sweep"} == {"chain": 3, "4": 3, "8": 3}
+    assert all(ms == 1.0 for k, v in sweep.items() if k != "sweep" for ms in v)
     # a second TP rank writes nothing (the first rank's file is the record)
     other = AutoBudget((CHAIN, 8), 4, torch.device("cpu"), tp_group=SimpleNamespace(world_size=1, rank_in_group=1))
     assert other.stats_path is None

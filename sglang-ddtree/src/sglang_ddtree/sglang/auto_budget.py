@@ -361,10 +361,16 @@ class AutoBudget:
         """Steps, the histogram of every choice so far, the measured ms per batch bucket and candidate, and the
         mean of the (calibrated, batch-mean) expected accepted draft nodes per candidate over the samples read so far
         (``expected_mean``, empty before the first: what a projection to other step costs prices), also per kind of
-        round (``expected_mean_by_kind``: ``greedy``, ``sampled``, those with samples)."""
+        round (``expected_mean_by_kind``: ``greedy``, ``sampled``, those with samples). ``last_sweep``: per batch
+        bucket, the number of its last settled sweep and each candidate's samples (ms, in arrival order; the sweep
+        issues the candidates in order), to tell a cost from a trend within the sweep."""
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {label: {name[c]: round(ms, 4) for c, ms in zip(self.candidates, row, strict=True) if ms is not None}
                  for label, row in self.measured()}
+        sweeps = {f"b<={1 << k}": {"sweep": n, **{name[c]: [round(ms, 3) for ms in samples]
+                                                  for c, samples in zip(self.candidates, pool, strict=True)}}
+                  for k, last in enumerate(self.costs.last_sweep) if last is not None
+                  for n, pool in [last]}
 
         def mean(sums: list[float], count: int) -> dict[str, float]:
             return {name[c]: round(v / count, 4) for c, v in zip(self.candidates, sums, strict=True)} if count else {}
@@ -374,7 +380,7 @@ class AutoBudget:
                    zip(KINDS, self._expected_sums, self._expected_counts, strict=True) if count}
         return {"steps": self.steps, "budget_histogram": {name[c]: n for c, n in self.total.items()},
                 "step_ms": costs, "clock": self.clock_name, "expected_mean": mean(total, sum(self._expected_counts)),
-                "expected_mean_by_kind": by_kind, "graphs": self.graphs}
+                "expected_mean_by_kind": by_kind, "graphs": self.graphs, "last_sweep": sweeps}
 
     def write_stats(self) -> None:
         with open(self.stats_path, "a", encoding="utf-8") as fh:
