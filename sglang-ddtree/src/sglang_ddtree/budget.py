@@ -471,7 +471,7 @@ class OnlineStepCost:
       relative costs are comparable; each candidate's statistic is the lower median of its sweep samples (a one-off slow
       step, such as a Triton kernel compiled at a width's first use, 0.9 s against 3-5 ms on the H200 12-05, never sets
       it; a candidate priced for the first time needs two samples, or it stays unpriced until a later sweep). A later
-    sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``). A sweep costs
+      sweep moves each ratio by ``ratio_alpha`` of the way (at most a factor ``clip``). A sweep costs
       throughput (at batch 32 the widest tree's step is 2.5x the best one's): when a refresh finds every ratio within
       a factor ``stable`` of where it was, the bucket's next refresh comes twice as many steps later (up to
       ``max_refresh_steps``), and one that moved anything brings the interval back to ``refresh_steps``;

@@ -125,8 +125,14 @@ def reuse_outputs(depth: int | None) -> None:
 
 
 def _outputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Uninitialised outputs of ``shapes`` (one dtype): the ring's next set, else one allocation (a single output:
+    a plain tensor, no view)."""
     ring = _RING
-    return ring.carve(shapes, dtype, device) if ring is not None else carve(shapes, dtype, device)
+    if ring is not None:
+        return ring.carve(shapes, dtype, device)
+    if len(shapes) == 1:
+        return [torch.empty(shapes[0], dtype=dtype, device=device)]
+    return carve(shapes, dtype, device)
 
 
 def chain_mask(mask_buffer, prefix_lens, num_nodes, mask_cells):
@@ -279,7 +285,7 @@ def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, pre
     index, length, bonus, out_tokens, src, dst, rows, last = _outputs(
         [(bsz, w), (bsz,), (bsz,), (bsz, w), (bsz, w), (bsz, w), (bsz * w,), (bsz,)], torch.int64, device
     )
-    if prefix_lens.dtype == torch.int32:  # one int32 set (one key: a ring hands each key out once a call)
+    if _RING is not None and prefix_lens.dtype == torch.int32:  # one set: a ring hands out each key once a call
         commit_lens, new_seq_lens = _outputs([(bsz,), (bsz,)], torch.int32, device)
     else:
         (commit_lens,) = _outputs([(bsz,)], torch.int32, device)
