@@ -17,7 +17,7 @@ import lossless
 def _draws(weights: dict[int, float], n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     tokens, probs = list(weights), list(weights.values())
-    return [[0, *rng.choices(tokens, probs, k=3)] for _ in range(n)]
+    return [[0, *rng.choices(tokens, probs, k=3)] for _draw in range(n)]
 
 
 def test_the_filter_sets_cover_a_joint_and_a_single_filter_and_none():
