@@ -26,14 +26,17 @@ def test_views_are_disjoint_aligned_and_shaped(dtype, device):
 def test_a_ring_hands_each_set_out_again_after_depth_calls(device):
     ring = CarveRing(3)
     shapes = [(2, 5), (2,)]
-    sets = [ring.carve(shapes, torch.int64, device) for _ in range(7)]
+    sets = [ring.carve("out", shapes, torch.int64, device) for _ in range(7)]
     ptrs = [tuple(v.data_ptr() for v in views) for views in sets]
     assert len(set(ptrs[:3])) == 3  # three different sets in turn
     assert ptrs[3:6] == ptrs[:3] and ptrs[6] == ptrs[0]
     assert [tuple(v.shape) for v in sets[0]] == shapes and all(v.data_ptr() % 16 == 0 for v in sets[0])
-    other = ring.carve(shapes, torch.int32, device)  # another dtype (or shapes): a set of its own
+    other = ring.carve("out", shapes, torch.int32, device)  # another dtype (or shapes): a set of its own
     assert other[0].dtype == torch.int32 and len(ring) == 2
     assert other[0].data_ptr() not in {p[0] for p in ptrs}
+    # another name (a second call of one round, same shapes): sets of its own, not the next turn of "out"'s
+    named = ring.carve("lens", shapes, torch.int64, device)
+    assert len(ring) == 3 and named[0].data_ptr() not in {p[0] for p in ptrs}
 
 
 @pytest.mark.parametrize("depth", [0, 1])

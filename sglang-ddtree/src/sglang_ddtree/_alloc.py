@@ -29,11 +29,12 @@ def carve(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.devic
 
 class CarveRing:
     """:func:`carve`'s outputs made once per shape set and handed out again in turn: ``depth`` sets of views per
-    (shapes, dtype, device), the next set each call, so a step's outputs are overwritten only ``depth`` calls of the
-    same shapes later. Saves a step the allocation and the views (a Python call each).
+    (name, shapes, dtype, device), the next set each call, so a step's outputs are overwritten only ``depth`` calls of
+    the same name and shapes later. Saves a step the allocation and the views (a Python call each). Each call site
+    names its outputs, so two calls of one round never take turns from the same sets.
 
-    The caller's contract: nothing reads an output more than ``depth - 1`` calls of the same shapes after it was
-    handed out (SGLang's overlap scheduler reads a round's results one round later)."""
+    The caller's contract: nothing reads an output more than ``depth - 1`` calls of the same name and shapes after it
+    was handed out (SGLang's overlap scheduler reads a round's results one round later)."""
 
     def __init__(self, depth: int = 4):
         if depth < 2:
@@ -41,9 +42,9 @@ class CarveRing:
         self.depth = int(depth)
         self._sets: dict[tuple, list] = {}  # key -> [next turn, [views of each turn]]
 
-    def carve(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device | str
+    def carve(self, name: str, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device | str
               ) -> list[torch.Tensor]:
-        key = (tuple(shapes), dtype, str(device))
+        key = (name, tuple(shapes), dtype, str(device))
         entry = self._sets.get(key)
         if entry is None:
             entry = self._sets[key] = [0, [carve(shapes, dtype, device) for _ in range(self.depth)]]

@@ -124,12 +124,12 @@ def reuse_outputs(depth: int | None) -> None:
     _RING = CarveRing(depth) if depth else None
 
 
-def _outputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """Uninitialised outputs of ``shapes`` (one dtype): the ring's next set, else one allocation (a single output:
-    a plain tensor, no view)."""
+def _outputs(name: str, shapes: list[tuple[int, ...]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Uninitialised outputs of ``shapes`` (one dtype): the ring's next set of the outputs called ``name``, else one
+    allocation (a single output: a plain tensor, no view)."""
     ring = _RING
     if ring is not None:
-        return ring.carve(shapes, dtype, device)
+        return ring.carve(name, shapes, dtype, device)
     if len(shapes) == 1:
         return [torch.empty(shapes[0], dtype=dtype, device=device)]
     return carve(shapes, dtype, device)
@@ -157,10 +157,10 @@ def verify_prep(tree, root_tokens, prefix_lens, req_pool_indices, req_to_token, 
     m = budget + 1
     device = tree.tokens.device
     wide = req_to_token.dtype == torch.int64  # out_cache_loc shares the int64 allocation
-    views = _outputs([(bsz * m,), (bsz * m,), (bsz, m), (bsz, m)] + ([(bsz * m,)] if wide else []), torch.int64,
-                     device)
+    views = _outputs("verify_prep", [(bsz * m,), (bsz * m,), (bsz, m), (bsz, m)] + ([(bsz * m,)] if wide else []),
+                     torch.int64, device)
     out = dict(zip(("tokens", "positions", "retrieve_index", "slots"), views, strict=False))
-    out["out_cache_loc"] = views[4] if wide else _outputs([(bsz * m,)], req_to_token.dtype, device)[0]
+    out["out_cache_loc"] = views[4] if wide else _outputs("out_cache_loc", [(bsz * m,)], req_to_token.dtype, device)[0]
     custom_mask = None
     write_mask = mask_buffer is not None
     if write_mask:
@@ -283,13 +283,10 @@ def walk_commit(parents, tokens, target_tokens, depth, slots, out_cache_loc, pre
     w = int(depth) + 1
     device = parents.device
     index, length, bonus, out_tokens, src, dst, rows, last = _outputs(
-        [(bsz, w), (bsz,), (bsz,), (bsz, w), (bsz, w), (bsz, w), (bsz * w,), (bsz,)], torch.int64, device
+        "walk_commit", [(bsz, w), (bsz,), (bsz,), (bsz, w), (bsz, w), (bsz, w), (bsz * w,), (bsz,)], torch.int64, device
     )
-    if _RING is not None and prefix_lens.dtype == torch.int32:  # one set: a ring hands out each key once a call
-        commit_lens, new_seq_lens = _outputs([(bsz,), (bsz,)], torch.int32, device)
-    else:
-        (commit_lens,) = _outputs([(bsz,)], torch.int32, device)
-        (new_seq_lens,) = _outputs([(bsz,)], prefix_lens.dtype, device)
+    (commit_lens,) = _outputs("commit_lens", [(bsz,)], torch.int32, device)
+    (new_seq_lens,) = _outputs("new_seq_lens", [(bsz,)], prefix_lens.dtype, device)
     move = move_table is not None and move_table[0].numel() > 0
     ptrs, strides = move_table if move else (slots, slots)  # never read without MOVE
     if bsz > 0:

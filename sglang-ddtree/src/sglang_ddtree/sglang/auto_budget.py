@@ -367,10 +367,12 @@ class AutoBudget:
         name = {c: "chain" if c == CHAIN else str(c) for c in self.candidates}
         costs = {label: {name[c]: round(ms, 4) for c, ms in zip(self.candidates, row, strict=True) if ms is not None}
                  for label, row in self.measured()}
-        sweeps = {f"b<={1 << k}": {"sweep": n, **{name[c]: [round(ms, 3) for ms in samples]
-                                                  for c, samples in zip(self.candidates, pool, strict=True)}}
-                  for k, last in enumerate(self.costs.last_sweep) if last is not None
-                  for n, pool in [last]}
+        sweeps = {}
+        for k, last in enumerate(self.costs.last_sweep):
+            if last is not None:
+                number, pool = last
+                samples = {name[c]: [round(ms, 3) for ms in p] for c, p in zip(self.candidates, pool, strict=True)}
+                sweeps[f"b<={1 << k}"] = {"sweep": number, **samples}
 
         def mean(sums: list[float], count: int) -> dict[str, float]:
             return {name[c]: round(v / count, 4) for c, v in zip(self.candidates, sums, strict=True)} if count else {}
